@@ -1,0 +1,139 @@
+"""MySQL and MariaDB through asyncmy (asyncio).
+
+Connections use the FOUND_ROWS client flag, so an UPDATE reports the rows it
+*matched* even when a value did not change — version checks rely on that.
+Statements outside a transaction autocommit; ``begin`` opens an explicit one.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncmy
+import asyncmy.errors
+from asyncmy.constants import CLIENT, FIELD_TYPE
+
+from ..dialects import mysql
+from ..driver import CompiledQuery, IsolationLevel, QueryResult, Row, column_index
+from ..errors import (
+    ConnectionLost,
+    DatabaseUnavailable,
+    DataError,
+    ErrorTable,
+    IntegrityError,
+    ProgrammingError,
+    QueryCanceled,
+)
+from ..pool import PooledDialect
+from ..url import DatabaseURL, Options
+
+ERRORS = ErrorTable(
+    codes=mysql.CODES,
+    sqlstates=mysql.SQLSTATES,
+    types=[
+        (asyncmy.errors.IntegrityError, IntegrityError),
+        (asyncmy.errors.DataError, DataError),
+        (asyncmy.errors.ProgrammingError, ProgrammingError),
+        (TimeoutError, QueryCanceled),
+        (ConnectionRefusedError, DatabaseUnavailable),
+        (OSError, ConnectionLost),
+        # asyncio.IncompleteReadError: the server closed the socket mid-reply.
+        (EOFError, ConnectionLost),
+    ],
+)
+
+_DATETIME_TYPES = frozenset({FIELD_TYPE.DATETIME, FIELD_TYPE.TIMESTAMP})
+
+
+def _error_code(exc: BaseException) -> str | None:
+    if isinstance(exc, asyncmy.errors.MySQLError) and exc.args and isinstance(exc.args[0], int):
+        return str(exc.args[0])
+    return None
+
+
+def _utc_rows(description: Any, tuples: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    # The session runs in UTC, so DATETIME values are UTC: make them aware.
+    positions = [i for i, column in enumerate(description) if column[1] in _DATETIME_TYPES]
+    if not positions:
+        return tuples
+    fixed = []
+    for values in tuples:
+        row = list(values)
+        for i in positions:
+            if isinstance(row[i], datetime):
+                row[i] = row[i].replace(tzinfo=UTC)
+        fixed.append(tuple(row))
+    return fixed
+
+
+class AsyncmyConnection:
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    @property
+    def is_closed(self) -> bool:
+        return not self._raw.connected
+
+    async def execute_query(self, query: CompiledQuery) -> QueryResult:
+        async with self._raw.cursor() as cursor:
+            await cursor.execute(query.sql, query.parameters)
+            description = cursor.description
+            if description is None:
+                return QueryResult([], cursor.rowcount, cursor.lastrowid or None)
+            tuples = _utc_rows(description, await cursor.fetchall())
+        index = column_index([column[0] for column in description])
+        return QueryResult([Row(index, values) for values in tuples], len(tuples))
+
+    async def begin(self, isolation: IsolationLevel | None) -> None:
+        if isolation is not None:
+            # Applies to the next transaction only.
+            await self._raw.query(mysql.isolation_statement(isolation))
+        await self._raw.begin()
+
+    async def commit(self) -> None:
+        await self._raw.commit()
+
+    async def rollback(self) -> None:
+        await self._raw.rollback()
+
+    async def ping(self) -> None:
+        await self._raw.ping(reconnect=False)
+
+    async def reset(self) -> bool:
+        # An interrupted read leaves the protocol stream mid-packet.
+        return False
+
+    async def close(self) -> None:
+        if self._raw.connected:
+            self._raw.close()
+
+
+def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
+    async def connect() -> AsyncmyConnection:
+        raw = await asyncmy.connect(
+            host=url.host or "localhost",
+            port=url.port or 3306,
+            user=url.username or "root",
+            password=url.password or "",
+            database=url.database or None,
+            charset="utf8mb4",
+            autocommit=True,
+            client_flag=CLIENT.FOUND_ROWS,
+            connect_timeout=options.connect_timeout,
+            read_timeout=options.command_timeout,
+            init_command=mysql.SESSION_SQL,
+        )
+        return AsyncmyConnection(raw)
+
+    return PooledDialect(
+        name="mysql",
+        adapter=mysql.ADAPTER,
+        compiler=mysql.create_compiler,
+        translate=lambda exc: ERRORS.translate(exc, _error_code(exc)),
+        connect=connect,
+        options=options,
+        pool_size=options.pool_size,
+    )

@@ -1,0 +1,113 @@
+"""PostgreSQL through asyncpg (asyncio)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from ..dialects import postgresql
+from ..driver import CompiledQuery, IsolationLevel, QueryResult, Row, column_index
+from ..errors import ConnectionLost, DatabaseUnavailable, ErrorTable, QueryCanceled, ValidationError
+from ..pool import PooledDialect
+from ..url import DatabaseURL, Options
+
+ERRORS = ErrorTable(
+    codes=postgresql.CODES,
+    prefixes=postgresql.PREFIXES,
+    types=[
+        (asyncpg.exceptions.ConnectionDoesNotExistError, ConnectionLost),
+        (asyncpg.exceptions.ConnectionFailureError, ConnectionLost),
+        (asyncpg.exceptions.CannotConnectNowError, DatabaseUnavailable),
+        # Client-side: a value the column's type cannot take (caught before sending).
+        (asyncpg.exceptions.DataError, ValidationError),
+        # "connection is closed" and friends: the connection is gone.
+        (asyncpg.exceptions.InterfaceError, ConnectionLost),
+        (TimeoutError, QueryCanceled),
+        (ConnectionRefusedError, DatabaseUnavailable),
+        (OSError, ConnectionLost),
+    ],
+)
+
+
+def _rows_affected(status: bytes, returned: int) -> int:
+    # b"UPDATE 3", b"INSERT 0 1", b"SELECT 2"; commands without a count: rows returned.
+    tail = status.rpartition(b" ")[2]
+    return int(tail) if tail.isdigit() else returned
+
+
+class AsyncpgConnection:
+    __slots__ = ("_raw", "_timeout")
+
+    def __init__(self, raw: asyncpg.Connection, timeout: float | None) -> None:
+        self._raw = raw
+        self._timeout = timeout
+
+    @property
+    def is_closed(self) -> bool:
+        return self._raw.is_closed()
+
+    async def execute_query(self, query: CompiledQuery) -> QueryResult:
+        # asyncpg's public API returns either the rows (fetch) or the status
+        # (execute); _execute returns both in one round trip, which we need for
+        # RETURNING statements whose affected-row count matters.
+        records, status, _ = await self._raw._execute(  # type: ignore[attr-defined]
+            query.sql, query.parameters, 0, self._timeout, return_status=True
+        )
+        if not records:
+            return QueryResult([], _rows_affected(status, 0))
+        index = column_index(list(records[0].keys()))
+        return QueryResult([Row(index, r) for r in records], _rows_affected(status, len(records)))
+
+    async def begin(self, isolation: IsolationLevel | None) -> None:
+        await self._raw.execute(postgresql.begin_sql(isolation))
+
+    async def commit(self) -> None:
+        await self._raw.execute("COMMIT")
+
+    async def rollback(self) -> None:
+        await self._raw.execute("ROLLBACK")
+
+    async def ping(self) -> None:
+        await self._raw.execute("SELECT 1")
+
+    async def reset(self) -> bool:
+        # After a cancelled query asyncpg may still be cancelling it server-side;
+        # a fresh connection is cheaper to trust than that state.
+        return False
+
+    async def close(self) -> None:
+        if self._raw.is_closed():
+            return
+        try:
+            await self._raw.close(timeout=2)
+        except Exception:
+            self._raw.terminate()
+
+
+def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
+    async def connect() -> AsyncpgConnection:
+        params: dict[str, Any] = {
+            "host": url.host or "localhost",
+            "port": url.port or 5432,
+            "user": url.username or "postgres",
+            "database": url.database or None,
+        }
+        if url.password is not None:
+            params["password"] = url.password
+        raw = await asyncpg.connect(
+            **params,
+            timeout=options.connect_timeout,
+            server_settings={"application_name": "aiofragno", "TimeZone": "UTC"},
+        )
+        return AsyncpgConnection(raw, options.command_timeout)
+
+    return PooledDialect(
+        name="postgresql",
+        adapter=postgresql.ADAPTER,
+        compiler=postgresql.create_compiler,
+        translate=lambda exc: ERRORS.translate(exc, getattr(exc, "sqlstate", None)),
+        connect=connect,
+        options=options,
+        pool_size=options.pool_size,
+    )

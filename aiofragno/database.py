@@ -1,0 +1,237 @@
+"""The Database facade: ``af.connect(url)`` and what you do with the result."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any
+
+from . import runtime
+from .backends import choose_backend, create_dialect
+from .driver import (
+    ISOLATION_LEVELS,
+    CompiledQuery,
+    Dialect,
+    DialectAdapter,
+    IsolationLevel,
+    QueryResult,
+)
+from .errors import ConnectionLost, DatabaseClosed, DatabaseUnavailable, Error, ValidationError
+from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
+from .sql import Fragment
+from .url import DatabaseURL, Options, parse_url
+
+
+class Database(Queries):
+    """A pool of connections to one database, and the operations on it.
+
+    Use it from any number of tasks at once. Outside a transaction every
+    statement autocommits on whichever pooled connection is free; inside
+    ``async with db.transaction()`` the same methods run in that transaction
+    (also when called on ``db`` itself from the task that opened it).
+    """
+
+    def __init__(self, dialect: Dialect, url: DatabaseURL, options: Options, backend: str) -> None:
+        self.dialect = dialect
+        self.url = url
+        self.options = options
+        self.backend = backend
+        self.adapter: DialectAdapter = dialect.create_adapter()
+        self.compiler = dialect.create_query_compiler()
+        self._driver = dialect.create_driver()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<aiofragno.Database {self.url.describe()} backend={self.backend} {state}>"
+
+    @property
+    def name(self) -> str:
+        """The dialect: "postgresql", "sqlite" or "mysql"."""
+        return self.dialect.name
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def compile(self, query: Any) -> CompiledQuery:
+        """``query`` (an ``af.sql`` fragment) as SQL text and parameters for
+        this database, without running it."""
+        return self.compiler.compile(query)
+
+    def raw(self, text: str) -> Fragment:
+        """A fragment of trusted SQL text without parameters (internal use:
+        never build ``text`` from user input)."""
+        return Fragment((text,))
+
+    def transaction(self, isolation: IsolationLevel | None = None) -> TransactionContext:
+        """``async with db.transaction() as tx:`` — commit on success, roll back
+        on exception; nested use makes a savepoint. ``isolation`` is one of
+        "read uncommitted", "read committed", "repeatable read", "serializable"
+        (SQLite transactions are always serializable)."""
+        self._check_open()
+        if isolation is not None and isolation not in ISOLATION_LEVELS:
+            raise ValidationError(
+                f"unknown isolation level {isolation!r}; use one of {sorted(ISOLATION_LEVELS)}"
+            )
+        return TransactionContext(self, isolation)
+
+    async def now(self) -> datetime:
+        """The database server's current time, timezone-aware in UTC."""
+        value = await self.fetch_value(self.raw(self.adapter.now_sql))
+        return _as_utc(value)
+
+    async def is_healthy(self) -> bool:
+        """True if a connection answers a round trip within ``connect_timeout``.
+        Never raises."""
+        if self._closed:
+            return False
+        with runtime.move_on_after(self.options.connect_timeout):
+            try:
+                session = await self.checkout()
+                try:
+                    await session.connection.ping()
+                    return True
+                except Exception:
+                    session.broken = True
+                finally:
+                    await self.checkin(session)
+            except Error:
+                pass
+        return False
+
+    async def close(self) -> None:
+        """Close every connection. Idempotent; the Database is unusable after."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._driver.destroy()
+
+    async def __aenter__(self) -> Database:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _run(self, query: Any) -> QueryResult:
+        tx = current_transaction(self)
+        if tx is not None:
+            return await tx.execute(query)
+        compiled = self.compiler.compile(query)
+        session = await self.checkout()
+        try:
+            return await session.execute(compiled)
+        finally:
+            await self.checkin(session)
+
+    async def checkout(self) -> Session:
+        """A connection from the pool, wrapped in a :class:`Session`."""
+        self._check_open()
+        try:
+            connection = await self._driver.acquire_connection()
+        except Error:
+            raise
+        except Exception as exc:
+            raise self._unavailable(exc) from exc
+        return Session(self._driver, connection, self.dialect.translate_error)
+
+    async def checkin(self, session: Session) -> None:
+        """Return ``session``'s connection: reset it if an operation was
+        interrupted, discard it if it broke."""
+        with runtime.shielded(CLEANUP_TIMEOUT):
+            discard = session.broken
+            if not discard and (session.interrupted or session.in_transaction):
+                try:
+                    discard = not await session.connection.reset()
+                except Exception:
+                    discard = True
+            await self._driver.release_connection(session.connection, discard=discard)
+
+    async def open(self) -> None:
+        """Open the first connection, so a bad URL or a dead server fails now."""
+        try:
+            await self._driver.init()
+        except Error:
+            raise
+        except Exception as exc:
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: Exception) -> Error:
+        error = self.dialect.translate_error(exc)
+        if isinstance(error, ConnectionLost | DatabaseUnavailable):
+            return DatabaseUnavailable(
+                f"cannot connect to {self.url.describe()}: {exc or type(exc).__name__}; "
+                "check that the server is running and the URL is right",
+                sqlstate=error.sqlstate,
+                code=error.code,
+            )
+        return error if isinstance(error, Error) else Error(str(error))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DatabaseClosed(f"{self!r} is closed; open a new one with af.connect()")
+
+
+def _as_utc(value: Any) -> datetime:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if not isinstance(value, datetime):
+        raise TypeError(f"database returned {value!r} for the current time")
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+class Connect:
+    """What ``af.connect`` returns: await it for a :class:`Database`, or use it
+    as ``async with af.connect(url) as db`` to close the Database on exit."""
+
+    def __init__(self, url: str, backend: str | None, options: dict[str, Any]) -> None:
+        self._url = url
+        self._backend = backend
+        self._options = options
+        self._db: Database | None = None
+
+    async def _open(self) -> Database:
+        url = parse_url(self._url)
+        options = Options().merged(url.query, self._options)
+        backend = choose_backend(url, self._backend, runtime.current_runtime())
+        db = Database(create_dialect(backend, url, options), url, options, backend.name)
+        try:
+            await db.open()
+        except BaseException:
+            await db.close()
+            raise
+        return db
+
+    def __await__(self) -> Generator[Any, None, Database]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Database:
+        self._db = await self._open()
+        return self._db
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._db is not None:
+            await self._db.close()
+
+
+def connect(url: str, *, backend: str | None = None, **options: Any) -> Connect:
+    """Open a :class:`Database` for ``url`` (see :mod:`aiofragno.url` for URL
+    forms and options). ``backend`` picks a driver ("asyncpg", "aiosqlite",
+    "sqlite", "asyncmy"); by default the best one for the URL and the running
+    event loop is used. The first connection is opened before this returns,
+    so a wrong URL or a server that is down fails here
+    (:class:`~aiofragno.errors.DatabaseUnavailable`)."""
+    return Connect(url, backend, options)

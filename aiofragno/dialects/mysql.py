@@ -1,0 +1,94 @@
+"""MySQL and MariaDB: capabilities, compiler settings, error numbers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from ..driver import DialectAdapter, IsolationLevel
+from ..errors import (
+    CheckViolation,
+    ConnectionLost,
+    DatabaseUnavailable,
+    DataError,
+    DeadlockDetected,
+    Error,
+    ForeignKeyViolation,
+    LockTimeout,
+    NotNullViolation,
+    ProgrammingError,
+    QueryCanceled,
+    UniqueViolation,
+)
+from ..sql import Json, SqlCompiler
+from .common import isolation_sql, json_param, utc_naive
+
+ADAPTER = DialectAdapter(
+    supports_returning=False,
+    supports_json=True,
+    reports_affected_rows=True,
+    supports_transactional_ddl=False,
+    supports_skip_locked=True,
+    supports_advisory_locks=True,
+    outbox_version_strategy="insert-on-duplicate-last-insert-id",
+    default_naming="suffix",
+    max_identifier_length=64,
+    now_sql="SELECT UTC_TIMESTAMP(6)",
+)
+
+# Every session runs in UTC and in strict mode: out-of-range or oversize values
+# are errors, never silently truncated.
+SESSION_SQL = (
+    "SET time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_IN_DATE,"
+    "NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
+)
+
+
+def create_compiler() -> SqlCompiler:
+    return SqlCompiler(
+        placeholder="%s",
+        quote="`",
+        max_identifier_length=ADAPTER.max_identifier_length,
+        # DATETIME has no zone: store UTC (the session time zone).
+        encoders={datetime: utc_naive, dict: json_param, Json: json_param},
+        empty_set="SELECT NULL FROM DUAL WHERE 1=0",
+    )
+
+
+def isolation_statement(isolation: IsolationLevel) -> str:
+    return f"SET TRANSACTION ISOLATION LEVEL {isolation_sql(isolation)}"
+
+
+# MySQL error number -> (error class, SQLSTATE).
+_CODES: dict[str, tuple[type[Error], str]] = {
+    "1062": (UniqueViolation, "23000"),
+    "1586": (UniqueViolation, "23000"),
+    "1451": (ForeignKeyViolation, "23000"),
+    "1452": (ForeignKeyViolation, "23000"),
+    "1216": (ForeignKeyViolation, "23000"),
+    "1217": (ForeignKeyViolation, "23000"),
+    "1048": (NotNullViolation, "23000"),
+    "1364": (NotNullViolation, "HY000"),  # no default for a NOT NULL column
+    "3819": (CheckViolation, "HY000"),  # MySQL CHECK
+    "4025": (CheckViolation, "23000"),  # MariaDB CHECK
+    "1213": (DeadlockDetected, "40001"),
+    "1205": (LockTimeout, "HY000"),
+    "1064": (ProgrammingError, "42000"),
+    "1146": (ProgrammingError, "42S02"),
+    "1054": (ProgrammingError, "42S22"),
+    "1406": (DataError, "22001"),
+    "1264": (DataError, "22003"),
+    "1366": (DataError, "HY000"),
+    "1292": (DataError, "22007"),
+    "3024": (QueryCanceled, "HY000"),  # MySQL max_execution_time
+    "1969": (QueryCanceled, "70100"),  # MariaDB max_statement_time
+    "1317": (QueryCanceled, "70100"),  # query interrupted
+    "2006": (ConnectionLost, "08S01"),  # server has gone away
+    "2013": (ConnectionLost, "08S01"),  # lost connection during query
+    "2055": (ConnectionLost, "08S01"),  # lost connection (system error)
+    "1927": (ConnectionLost, "08S01"),  # connection was killed
+    "1053": (ConnectionLost, "08S01"),  # server shutdown in progress
+    "2003": (DatabaseUnavailable, "08001"),  # can't connect
+    "1040": (DatabaseUnavailable, "08004"),  # too many connections
+}
+CODES: dict[str, type[Error]] = {code: cls for code, (cls, _) in _CODES.items()}
+SQLSTATES: dict[str, str] = {code: state for code, (_, state) in _CODES.items()}

@@ -1,0 +1,251 @@
+"""SQLite: capabilities, compiler settings, error codes, and the connection
+logic both SQLite backends share (they differ only in how a call reaches the
+``sqlite3`` connection: aiosqlite's thread, or an anyio worker thread).
+
+Concurrency model. SQLite allows one writer at a time per database file. Every
+transaction starts with ``BEGIN IMMEDIATE`` (it takes the write lock up front,
+so it can never fail later on lock upgrade), and inside one process writers
+queue on a fair :class:`WriteGate` instead of polling SQLite's busy handler —
+so concurrent transactions wait their turn and never fail with "database is
+locked". Another *process* holding the lock longer than ``busy_timeout`` gives
+:class:`~aiofragno.errors.LockTimeout`. WAL mode lets readers run beside the
+writer.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from datetime import UTC, date, datetime, time
+from decimal import Decimal
+from typing import Any
+
+from .. import runtime
+from ..driver import CompiledQuery, DialectAdapter, IsolationLevel, QueryResult, Row, column_index
+from ..errors import (
+    CheckViolation,
+    DatabaseUnavailable,
+    DataError,
+    Error,
+    ErrorTable,
+    ForeignKeyViolation,
+    IntegrityError,
+    LockTimeout,
+    NotNullViolation,
+    ProgrammingError,
+    QueryCanceled,
+    SerializationFailure,
+    UniqueViolation,
+    ValidationError,
+)
+from ..sql import Json, SqlCompiler
+from ..url import DatabaseURL, Options
+from .common import json_param
+
+ADAPTER = DialectAdapter(
+    supports_returning=sqlite3.sqlite_version_info >= (3, 35, 0),
+    supports_json=True,
+    reports_affected_rows=True,
+    supports_transactional_ddl=True,
+    supports_skip_locked=False,
+    supports_advisory_locks=False,
+    outbox_version_strategy="insert-on-conflict-returning",
+    default_naming="suffix",
+    # SQLite has no limit; keep names portable to PostgreSQL's.
+    max_identifier_length=63,
+    now_sql="SELECT strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')",
+)
+
+
+def _datetime(value: datetime) -> str:
+    # ISO-8601 text; aware values in UTC so text order is time order.
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return value.isoformat()
+
+
+def create_compiler() -> SqlCompiler:
+    return SqlCompiler(
+        placeholder="?",
+        quote='"',
+        max_identifier_length=ADAPTER.max_identifier_length,
+        encoders={
+            # sqlite3 has no exact decimal type: text keeps every digit.
+            Decimal: str,
+            datetime: _datetime,
+            date: date.isoformat,
+            time: time.isoformat,
+            dict: json_param,
+            Json: json_param,
+        },
+        empty_set="SELECT NULL WHERE 0",
+    )
+
+
+# SQLite extended result codes -> error class, and the nearest SQLSTATE.
+_CODES: dict[str, tuple[type[Error], str | None]] = {
+    "2067": (UniqueViolation, "23505"),  # SQLITE_CONSTRAINT_UNIQUE
+    "1555": (UniqueViolation, "23505"),  # SQLITE_CONSTRAINT_PRIMARYKEY
+    "787": (ForeignKeyViolation, "23503"),  # SQLITE_CONSTRAINT_FOREIGNKEY
+    "1299": (NotNullViolation, "23502"),  # SQLITE_CONSTRAINT_NOTNULL
+    "275": (CheckViolation, "23514"),  # SQLITE_CONSTRAINT_CHECK
+    "19": (IntegrityError, "23000"),  # SQLITE_CONSTRAINT
+    "5": (LockTimeout, "55P03"),  # SQLITE_BUSY: another process kept the lock
+    "6": (LockTimeout, "55P03"),  # SQLITE_LOCKED
+    "517": (SerializationFailure, "40001"),  # SQLITE_BUSY_SNAPSHOT
+    "1": (ProgrammingError, "42000"),  # SQLITE_ERROR: syntax, no such table/column
+    "9": (QueryCanceled, "57014"),  # SQLITE_INTERRUPT
+    "18": (DataError, "22001"),  # SQLITE_TOOBIG
+    "20": (DataError, "22000"),  # SQLITE_MISMATCH
+    "14": (DatabaseUnavailable, None),  # SQLITE_CANTOPEN
+}
+
+ERRORS = ErrorTable(
+    codes={code: cls for code, (cls, _) in _CODES.items()},
+    types=[
+        # Raised by sqlite3 for values it cannot bind (e.g. a list).
+        (sqlite3.ProgrammingError, ValidationError),
+        (sqlite3.IntegrityError, IntegrityError),
+        (sqlite3.DataError, DataError),
+        (sqlite3.OperationalError, ProgrammingError),
+    ],
+    sqlstates={code: state for code, (_, state) in _CODES.items() if state},
+)
+
+
+def translate_error(exc: BaseException) -> Exception:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return ERRORS.translate(exc, None if code is None else str(code))
+
+
+def database_path(url: DatabaseURL) -> str:
+    return ":memory:" if url.is_memory else url.database
+
+
+def pool_size(url: DatabaseURL, options: Options) -> int:
+    # Each connection to ":memory:" is a separate database: share one.
+    return 1 if url.is_memory else options.pool_size
+
+
+def pragmas(url: DatabaseURL, options: Options) -> list[str]:
+    statements = [
+        f"PRAGMA busy_timeout = {int(options.busy_timeout * 1000)}",
+        "PRAGMA foreign_keys = ON",
+    ]
+    if not url.is_memory:
+        statements.append("PRAGMA journal_mode = WAL")
+    return statements
+
+
+def _is_read_only(sql: str) -> bool:
+    return sql.lstrip()[:6].lower() in ("select", "explai")
+
+
+class WriteGate:
+    """Admits one writing transaction at a time, first come first served."""
+
+    def __init__(self) -> None:
+        self._semaphore = runtime.Semaphore(1)
+
+    async def acquire(self) -> None:
+        await self._semaphore.acquire()
+
+    def release(self) -> None:
+        self._semaphore.release()
+
+
+Outcome = tuple[Sequence[Sequence[Any]] | None, list[tuple[Any, ...]], int, int | None]
+
+
+class SqliteConnection:
+    """A SQLite connection; subclasses say how ``_run`` reaches sqlite3."""
+
+    def __init__(self, raw: Any, gate: WriteGate) -> None:
+        # raw: a sqlite3.Connection, or aiosqlite's wrapper around one.
+        self._raw = raw
+        self._gate = gate
+        self._holds_gate = False
+        self._closed = False
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    async def _run(self, sql: str, parameters: Sequence[Any]) -> Outcome:
+        """Execute in sqlite3's thread: (description, rows, rowcount, lastrowid)."""
+        raise NotImplementedError
+
+    async def _close_raw(self) -> None:
+        raise NotImplementedError
+
+    async def execute_query(self, query: CompiledQuery) -> QueryResult:
+        if self._holds_gate or _is_read_only(query.sql):
+            outcome = await self._run(query.sql, query.parameters)
+        else:
+            await self._gate.acquire()
+            try:
+                outcome = await self._run(query.sql, query.parameters)
+            finally:
+                self._gate.release()
+        description, tuples, rowcount, lastrowid = outcome
+        if description is None:
+            # sqlite3 keeps lastrowid from the connection's last INSERT: report
+            # it only for the statement that inserted.
+            inserted = query.sql.lstrip()[:7].lower() in ("insert ", "replace")
+            return QueryResult([], max(rowcount, 0), lastrowid if inserted else None)
+        index = column_index([column[0] for column in description])
+        rows = [Row(index, values) for values in tuples]
+        return QueryResult(rows, len(rows), lastrowid)
+
+    async def begin(self, isolation: IsolationLevel | None) -> None:
+        # SQLite transactions are serializable, which satisfies every level.
+        await self._gate.acquire()
+        self._holds_gate = True
+        try:
+            await self._run("BEGIN IMMEDIATE", ())
+        except BaseException:
+            self._release_gate()
+            raise
+
+    async def commit(self) -> None:
+        await self._run("COMMIT", ())
+        self._release_gate()
+
+    async def rollback(self) -> None:
+        try:
+            if self._raw.in_transaction:
+                await self._run("ROLLBACK", ())
+        finally:
+            self._release_gate()
+
+    async def ping(self) -> None:
+        await self._run("SELECT 1", ())
+
+    async def reset(self) -> bool:
+        try:
+            await self.rollback()
+        except Exception:
+            return False
+        return True
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._release_gate()
+        await self._close_raw()
+
+    def _release_gate(self) -> None:
+        if self._holds_gate:
+            self._holds_gate = False
+            self._gate.release()
+
+
+def run_statement(raw: sqlite3.Connection, sql: str, parameters: Sequence[Any]) -> Outcome:
+    """One statement, start to finish, on the calling thread."""
+    cursor = raw.execute(sql, parameters)
+    try:
+        rows = cursor.fetchall() if cursor.description is not None else []
+        return cursor.description, rows, cursor.rowcount, cursor.lastrowid
+    finally:
+        cursor.close()

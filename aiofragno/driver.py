@@ -1,0 +1,197 @@
+"""The seam every backend implements: Dialect, Driver, Connection, QueryCompiler,
+DialectAdapter — and the values that cross it (CompiledQuery, QueryResult, Row).
+
+The shape follows Kysely: a *dialect* bundles a driver (connections and
+transactions), a query compiler (SQL text and placeholders) and an adapter
+(capability flags the core consults instead of asking "which database is
+this?"). This module imports nothing else of aiofragno's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, Protocol
+
+IsolationLevel = Literal["read uncommitted", "read committed", "repeatable read", "serializable"]
+ISOLATION_LEVELS: frozenset[str] = frozenset(IsolationLevel.__args__)  # type: ignore[attr-defined]
+
+
+class CompiledQuery(NamedTuple):
+    """SQL text in the dialect's placeholder style plus its bound parameters.
+
+    Parameters are never part of ``sql``; the driver sends them separately (or,
+    for drivers without server-side binding, escapes them itself).
+    """
+
+    sql: str
+    parameters: tuple[Any, ...] = ()
+
+
+class Row(Mapping[str, Any]):
+    """One result row: a read-only mapping from column name to value.
+
+    Rows of one result share their name-to-position index, so a row costs one
+    small object over the driver's own value sequence. Iteration yields column
+    names, like a dict; ``row.values()`` yields values in column order.
+    """
+
+    __slots__ = ("_index", "_values")
+
+    def __init__(self, index: Mapping[str, int], values: Sequence[Any]) -> None:
+        self._index = index
+        self._values = values
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[self._index[key]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __repr__(self) -> str:
+        return f"Row({dict(self)!r})"
+
+
+def column_index(names: Sequence[str]) -> dict[str, int]:
+    """The shared name-to-position index for rows with columns ``names``.
+
+    With duplicate names the first occurrence wins; alias columns (``AS``) to
+    reach the others.
+    """
+    index: dict[str, int] = {}
+    for position, name in enumerate(names):
+        index.setdefault(name, position)
+    return index
+
+
+@dataclass(slots=True)
+class QueryResult:
+    """What one statement returned.
+
+    ``rows_affected`` counts rows *matched* by UPDATE/DELETE on every backend
+    (MySQL is connected with the FOUND_ROWS flag), or rows returned by a query.
+    ``insert_id`` is the auto-generated key of the last inserted row where the
+    driver reports it (SQLite, MySQL), else None.
+    """
+
+    rows: list[Row]
+    rows_affected: int
+    insert_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DialectAdapter:
+    """Capability flags of one SQL dialect. The core branches on these, never on
+    the dialect's name."""
+
+    supports_returning: bool
+    supports_json: bool
+    reports_affected_rows: bool
+    supports_transactional_ddl: bool
+    supports_skip_locked: bool
+    supports_advisory_locks: bool
+    outbox_version_strategy: Literal[
+        "insert-on-conflict-returning", "insert-on-duplicate-last-insert-id"
+    ]
+    default_naming: Literal["schema", "suffix"]
+    max_identifier_length: int
+    # One statement returning the database's current time (UTC).
+    now_sql: str
+
+
+class Connection(Protocol):
+    """One open connection to the database, used by one task at a time.
+
+    Guarantees a backend must keep: ``execute_query`` sends ``query.parameters``
+    as bound parameters; statements outside ``begin``/``commit`` autocommit;
+    driver exceptions escape unchanged (the core translates them with
+    :meth:`Dialect.translate_error`).
+    """
+
+    @property
+    def is_closed(self) -> bool:
+        """True once the connection is known to be unusable (no I/O is done)."""
+        ...
+
+    async def execute_query(self, query: CompiledQuery) -> QueryResult:
+        """Run one statement and return its rows and counts."""
+        ...
+
+    async def begin(self, isolation: IsolationLevel | None) -> None:
+        """Start a transaction, at ``isolation`` if given (else the server's
+        default)."""
+        ...
+
+    async def commit(self) -> None: ...
+
+    async def rollback(self) -> None: ...
+
+    async def ping(self) -> None:
+        """One cheap round trip; raises if the connection is dead."""
+        ...
+
+    async def reset(self) -> bool:
+        """Bring the connection back to idle (no open transaction) after an
+        interrupted operation (a cancelled query). False means it cannot be
+        trusted any more and the caller discards it."""
+        ...
+
+    async def close(self) -> None:
+        """Close the connection. Idempotent; never raises for a dead peer."""
+        ...
+
+
+class Driver(Protocol):
+    """Hands out connections and runs transactions on them."""
+
+    async def init(self) -> None:
+        """Prepare the driver (e.g. open the pool's first connection, so a bad
+        URL or a dead server fails at ``connect`` time)."""
+        ...
+
+    async def acquire_connection(self) -> Connection: ...
+
+    async def release_connection(self, connection: Connection, *, discard: bool = False) -> None:
+        """Give ``connection`` back; ``discard=True`` closes it instead of reusing."""
+        ...
+
+    async def begin_transaction(
+        self, connection: Connection, isolation: IsolationLevel | None = None
+    ) -> None: ...
+
+    async def commit_transaction(self, connection: Connection) -> None: ...
+
+    async def rollback_transaction(self, connection: Connection) -> None: ...
+
+    async def destroy(self) -> None:
+        """Close every connection. Idempotent; acquiring afterwards raises."""
+        ...
+
+
+class QueryCompiler(Protocol):
+    """Turns an ``af.sql`` fragment into a :class:`CompiledQuery` for one
+    dialect (placeholders, identifier quoting, value encoding)."""
+
+    def compile(self, node: Any) -> CompiledQuery: ...
+
+    def quote_identifier(self, name: str) -> str: ...
+
+
+class Dialect(Protocol):
+    """Everything aiofragno needs to talk to one kind of database through one
+    driver."""
+
+    name: Literal["postgresql", "sqlite", "mysql"]
+
+    def create_driver(self) -> Driver: ...
+
+    def create_query_compiler(self) -> QueryCompiler: ...
+
+    def create_adapter(self) -> DialectAdapter: ...
+
+    def translate_error(self, exc: BaseException) -> Exception:
+        """The aiofragno error for a driver exception (raise it ``from exc``)."""
+        ...

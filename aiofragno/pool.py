@@ -1,0 +1,218 @@
+"""A runtime-agnostic connection pool, and the Driver every backend gets from it.
+
+One pool for every backend, so health checks, lifetimes and the handling of
+interrupted connections behave the same on PostgreSQL, SQLite and MySQL. A
+backend supplies only a coroutine that opens one :class:`Connection`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from . import runtime
+from .driver import Connection, DialectAdapter, IsolationLevel, QueryCompiler
+from .errors import DatabaseClosed, PoolTimeout
+from .url import Options
+
+Connector = Callable[[], Awaitable[Connection]]
+
+# Closing or resetting a connection must not hang on a dead peer.
+_CLEANUP_TIMEOUT = 5.0
+
+
+@dataclass(slots=True)
+class _Idle:
+    connection: Connection
+    created: float
+    released: float
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    size: int
+    idle: int
+    in_use: int
+
+
+class Pool:
+    """At most ``size`` connections, handed out first-come first-served.
+
+    Guarantees:
+
+    * a connection found closed at checkout, older than ``max_lifetime`` or idle
+      longer than ``max_idle`` is closed and replaced before the caller sees it;
+      with ``pre_ping`` an idle connection also answers one round trip first;
+    * ``acquire`` waits at most ``acquire_timeout`` for a free slot, then raises
+      :class:`PoolTimeout`;
+    * a connection released with ``discard=True`` is closed, never reused;
+    * after ``close()``, ``acquire`` raises :class:`DatabaseClosed` and
+      connections still in use are closed when they come back.
+    """
+
+    def __init__(
+        self,
+        connect: Connector,
+        *,
+        size: int,
+        acquire_timeout: float,
+        max_lifetime: float | None = None,
+        max_idle: float | None = None,
+        pre_ping: bool = False,
+    ) -> None:
+        self._connect = connect
+        self.size = size
+        self._acquire_timeout = acquire_timeout
+        self._max_lifetime = max_lifetime
+        self._max_idle = max_idle
+        self._pre_ping = pre_ping
+        self._slots = runtime.Semaphore(size)
+        self._idle: list[_Idle] = []
+        self._in_use: dict[Connection, float] = {}
+        self._closed = False
+
+    @property
+    def stats(self) -> PoolStats:
+        return PoolStats(self.size, len(self._idle), len(self._in_use))
+
+    async def acquire(self) -> Connection:
+        self._check_open()
+        try:
+            with runtime.fail_after(self._acquire_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise PoolTimeout(
+                f"no connection free after {self._acquire_timeout}s "
+                f"({self.size} in use); raise pool_size or hold connections for less time"
+            ) from None
+        try:
+            self._check_open()
+            connection, created = await self._checkout()
+        except BaseException:
+            self._slots.release()
+            raise
+        self._in_use[connection] = created
+        return connection
+
+    async def release(self, connection: Connection, *, discard: bool = False) -> None:
+        created = self._in_use.pop(connection, None)
+        try:
+            if created is None:
+                raise RuntimeError("connection released twice or not from this pool")
+            if discard or self._closed or connection.is_closed:
+                await _close(connection)
+            else:
+                self._idle.append(_Idle(connection, created, runtime.monotonic()))
+        finally:
+            if created is not None:
+                self._slots.release()
+
+    async def close(self) -> None:
+        """Close idle connections now and the rest as they are released. Idempotent."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for entry in idle:
+            await _close(entry.connection)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DatabaseClosed("the database was closed; open a new one with af.connect()")
+
+    async def _checkout(self) -> tuple[Connection, float]:
+        while self._idle:
+            entry = self._idle.pop()  # most recently used: warm, least likely stale
+            if await self._healthy(entry):
+                return entry.connection, entry.created
+            await _close(entry.connection)
+        return await self._connect(), runtime.monotonic()
+
+    async def _healthy(self, entry: _Idle) -> bool:
+        now = runtime.monotonic()
+        if entry.connection.is_closed:
+            return False
+        if self._max_lifetime is not None and now - entry.created > self._max_lifetime:
+            return False
+        if self._max_idle is not None and now - entry.released > self._max_idle:
+            return False
+        if not self._pre_ping:
+            return True
+        try:
+            await entry.connection.ping()
+        except Exception:
+            return False
+        return True
+
+
+async def _close(connection: Connection) -> None:
+    with runtime.shielded(_CLEANUP_TIMEOUT):
+        await connection.close()
+
+
+class PooledDriver:
+    """The :class:`~aiofragno.driver.Driver` of every backend: connections come
+    from a :class:`Pool`; transactions are run by the connection itself."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    async def init(self) -> None:
+        await self.release_connection(await self.acquire_connection())
+
+    async def acquire_connection(self) -> Connection:
+        return await self.pool.acquire()
+
+    async def release_connection(self, connection: Connection, *, discard: bool = False) -> None:
+        await self.pool.release(connection, discard=discard)
+
+    async def begin_transaction(
+        self, connection: Connection, isolation: IsolationLevel | None = None
+    ) -> None:
+        await connection.begin(isolation)
+
+    async def commit_transaction(self, connection: Connection) -> None:
+        await connection.commit()
+
+    async def rollback_transaction(self, connection: Connection) -> None:
+        await connection.rollback()
+
+    async def destroy(self) -> None:
+        await self.pool.close()
+
+
+@dataclass(frozen=True, slots=True)
+class PooledDialect:
+    """A :class:`~aiofragno.driver.Dialect` assembled from a backend's parts: the
+    SQL family's adapter and compiler, the driver's error translation, and a
+    coroutine opening one connection. Backends build one of these instead of
+    repeating the plumbing."""
+
+    name: Literal["postgresql", "sqlite", "mysql"]
+    adapter: DialectAdapter
+    compiler: Callable[[], QueryCompiler]
+    translate: Callable[[BaseException], Exception]
+    connect: Connector
+    options: Options
+    pool_size: int
+
+    def create_driver(self) -> PooledDriver:
+        options = self.options
+        return PooledDriver(
+            Pool(
+                self.connect,
+                size=self.pool_size,
+                acquire_timeout=options.acquire_timeout,
+                max_lifetime=options.max_lifetime,
+                max_idle=options.max_idle,
+                pre_ping=options.pre_ping,
+            )
+        )
+
+    def create_query_compiler(self) -> QueryCompiler:
+        return self.compiler()
+
+    def create_adapter(self) -> DialectAdapter:
+        return self.adapter
+
+    def translate_error(self, exc: BaseException) -> Exception:
+        return self.translate(exc)

@@ -1,0 +1,250 @@
+"""A checked-out connection in use (Session) and the user's transaction handle.
+
+The Session is the one place where driver exceptions become aiofragno errors
+and where we remember what happened to a connection (broken, interrupted, in a
+transaction), so that it is discarded or reset — never returned dirty.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from . import runtime
+from .driver import CompiledQuery, Connection, Driver, IsolationLevel, QueryResult, Row
+from .errors import CommitOutcomeUnknown, ConnectionLost, Error
+
+if TYPE_CHECKING:
+    from .database import Database
+
+logger = logging.getLogger("aiofragno")
+
+# Rollbacks and resets must finish even when the task is being cancelled, but
+# must not hang on a dead peer.
+CLEANUP_TIMEOUT = 5.0
+
+
+class Session:
+    """One connection checked out of the pool for one logical caller."""
+
+    __slots__ = (
+        "broken",
+        "connection",
+        "driver",
+        "in_transaction",
+        "interrupted",
+        "savepoints",
+        "translate",
+    )
+
+    def __init__(
+        self,
+        driver: Driver,
+        connection: Connection,
+        translate: Callable[[BaseException], Exception],
+    ) -> None:
+        self.driver = driver
+        self.connection = connection
+        self.translate = translate
+        self.broken = False  # lost: discard on release
+        self.interrupted = False  # cancelled mid-operation: reset or discard
+        self.in_transaction = False
+        self.savepoints = 0
+
+    def fail(self, exc: Exception) -> Exception:
+        """The aiofragno error for driver exception ``exc``; notes a lost connection."""
+        error = exc if isinstance(exc, Error) else self.translate(exc)
+        if isinstance(error, ConnectionLost):
+            self.broken = True
+        return error
+
+    async def execute(self, query: CompiledQuery) -> QueryResult:
+        try:
+            return await self.connection.execute_query(query)
+        except Exception as exc:
+            error = self.fail(exc)
+            if error is exc:
+                raise
+            raise error from exc
+        except BaseException:
+            self.interrupted = True
+            raise
+
+    async def begin(self, isolation: IsolationLevel | None) -> None:
+        await self._call(self.driver.begin_transaction(self.connection, isolation))
+        self.in_transaction = True
+
+    async def rollback(self) -> None:
+        await self._call(self.driver.rollback_transaction(self.connection))
+        self.in_transaction = False
+
+    async def commit(self) -> None:
+        was_open = not self.connection.is_closed
+        try:
+            await self.driver.commit_transaction(self.connection)
+        except Exception as exc:
+            error = self.fail(exc)
+            if isinstance(error, ConnectionLost) and was_open:
+                error = CommitOutcomeUnknown(
+                    f"the connection broke while COMMIT was in flight, so the transaction may "
+                    f"or may not have been applied; check before re-running it ({error})",
+                    sqlstate=error.sqlstate,
+                    code=error.code,
+                )
+            raise error from exc
+        except BaseException:
+            self.interrupted = True
+            raise
+        self.in_transaction = False
+
+    async def _call(self, operation: Any) -> None:
+        try:
+            await operation
+        except Exception as exc:
+            raise self.fail(exc) from exc
+        except BaseException:
+            self.interrupted = True
+            raise
+
+
+class Queries:
+    """``fetch`` / ``fetch_one`` / ``fetch_value`` / ``execute`` over one
+    ``_run``; shared by :class:`~aiofragno.Database` and :class:`Transaction`."""
+
+    async def _run(self, query: Any) -> QueryResult:
+        raise NotImplementedError
+
+    async def execute(self, query: Any) -> QueryResult:
+        """Run ``query`` (an ``af.sql`` fragment) and return its
+        :class:`QueryResult` (rows, ``rows_affected``, ``insert_id``)."""
+        return await self._run(query)
+
+    async def fetch(self, query: Any) -> list[Row]:
+        """All rows of ``query``."""
+        return (await self._run(query)).rows
+
+    async def fetch_one(self, query: Any) -> Row | None:
+        """The first row of ``query``, or None. (All rows are read; add
+        ``LIMIT 1`` to a query that could return many.)"""
+        rows = (await self._run(query)).rows
+        return rows[0] if rows else None
+
+    async def fetch_value(self, query: Any) -> Any:
+        """The first column of the first row, or None when there is no row."""
+        row = await self.fetch_one(query)
+        return None if row is None else next(iter(row.values()))
+
+
+class Transaction(Queries):
+    """An open transaction: run queries in it, or nest a savepoint with
+    ``async with tx.transaction():``. Operations from several tasks sharing it
+    are serialized (one connection runs one statement at a time)."""
+
+    def __init__(self, db: Database, session: Session, outer: Transaction | None) -> None:
+        self.db = db
+        self.session = session
+        self.outer = outer  # the enclosing transaction in this context, of any Database
+        self._lock = runtime.Lock()
+
+    async def _run(self, query: Any) -> QueryResult:
+        compiled = self.db.compile(query)
+        async with self._lock:
+            return await self.session.execute(compiled)
+
+    def transaction(self) -> TransactionContext:
+        """A savepoint inside this transaction: rolled back alone on exception."""
+        return TransactionContext(self.db, None, parent=self)
+
+
+_current: ContextVar[Transaction | None] = ContextVar("aiofragno_transaction", default=None)
+
+
+def current_transaction(db: Database) -> Transaction | None:
+    """The innermost transaction of ``db`` open in this context, if any."""
+    tx = _current.get()
+    while tx is not None and tx.db is not db:
+        tx = tx.outer
+    return tx
+
+
+class TransactionContext:
+    """``async with db.transaction() as tx``: commit on success, roll back on
+    exception. Inside an open transaction of the same Database (in this task or
+    its children), it becomes a savepoint instead."""
+
+    def __init__(
+        self, db: Database, isolation: IsolationLevel | None, *, parent: Transaction | None = None
+    ) -> None:
+        self._db = db
+        self._isolation = isolation
+        self._parent = parent
+        self._tx: Transaction | None = None
+        self._savepoint: str | None = None
+        self._token: Any = None
+
+    async def __aenter__(self) -> Transaction:
+        parent = self._parent or current_transaction(self._db)
+        if parent is not None:
+            session = parent.session
+            session.savepoints += 1
+            self._savepoint = f"af_savepoint_{session.savepoints}"
+            await parent.execute(self._db.raw(f"SAVEPOINT {self._savepoint}"))
+            self._tx = parent
+            return parent
+        session = await self._db.checkout()
+        try:
+            await session.begin(self._isolation)
+        except BaseException:
+            await self._db.checkin(session)
+            raise
+        self._tx = Transaction(self._db, session, _current.get())
+        self._token = _current.set(self._tx)
+        return self._tx
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        tx = self._tx
+        assert tx is not None, "transaction context exited without being entered"
+        if self._savepoint is not None:
+            await self._end_savepoint(tx, failed=exc is not None)
+            return
+        _current.reset(self._token)
+        try:
+            if exc is None:
+                await tx.session.commit()
+            elif not tx.session.broken:
+                await _rollback_quietly(tx.session, tx.session.rollback)
+        finally:
+            await self._db.checkin(tx.session)
+
+    async def _end_savepoint(self, tx: Transaction, *, failed: bool) -> None:
+        name = self._savepoint
+        tx.session.savepoints -= 1
+        if not failed:
+            await tx.execute(self._db.raw(f"RELEASE SAVEPOINT {name}"))
+        elif not tx.session.broken:
+            await _rollback_quietly(
+                tx.session, lambda: tx.execute(self._db.raw(f"ROLLBACK TO SAVEPOINT {name}"))
+            )
+
+
+async def _rollback_quietly(session: Session, rollback: Callable[[], Awaitable[Any]]) -> None:
+    """Roll back while an exception is already propagating: a failure here must
+    not replace the caller's exception. The connection is then marked broken,
+    so it is discarded rather than reused."""
+    with runtime.shielded(CLEANUP_TIMEOUT) as scope:
+        try:
+            await rollback()
+        except Error as exc:
+            logger.warning("rollback failed; discarding the connection: %s", exc)
+            session.broken = True
+    if scope.cancelled_caught:
+        logger.warning("rollback timed out after %ss; discarding the connection", CLEANUP_TIMEOUT)
+        session.broken = True

@@ -1,0 +1,309 @@
+"""SQL fragments: ``af.sql(template, **params)``, ``af.Identifier``, ``af.Json``.
+
+A template names its holes with ``{name}``; ``{{`` and ``}}`` stand for literal
+braces. What fills a hole decides how it is compiled:
+
+* a plain value becomes one bound parameter — never text in the SQL;
+* an :class:`Identifier` is spliced, quoted for the dialect (quote characters
+  inside the name are doubled, so a name can never end the quoting);
+* a nested fragment is spliced with its own parameters;
+* a list, tuple or (frozen)set right after ``IN`` or ``NOT IN`` is a list of
+  values: write ``owner IN {names}`` and aiofragno supplies the parentheses.
+  PostgreSQL receives one array parameter (``= ANY($1)`` / ``<> ALL($1)``), the
+  others one placeholder per item; an empty list is handled (``IN`` matches
+  nothing, ``NOT IN`` everything). Elsewhere a list is an ordinary value (a
+  PostgreSQL array).
+
+Fragments are compiled per dialect by :class:`SqlCompiler`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Final
+
+from .driver import CompiledQuery
+from .errors import ValidationError
+
+_IN_SUFFIX: Final = re.compile(r"(?is)\b(not\s+)?in\s*$")
+_IN_PAREN_SUFFIX: Final = re.compile(r"(?is)\bin\s*\(\s*$")
+_LIST_TYPES: Final = (list, tuple, set, frozenset)
+
+
+class Identifier:
+    """A table, column or schema name, possibly qualified: ``Identifier("s", "t")``
+    compiles to ``"s"."t"``. Names are checked when compiled (empty, NUL bytes,
+    longer than the dialect allows -> :class:`ValidationError`)."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, *parts: str) -> None:
+        if not parts:
+            raise ValidationError("Identifier() needs at least one name")
+        for part in parts:
+            if not isinstance(part, str):
+                raise ValidationError(f"identifier parts must be str, got {type(part).__name__}")
+        self.parts = parts
+
+    def __repr__(self) -> str:
+        return f"Identifier({', '.join(map(repr, self.parts))})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Identifier) and other.parts == self.parts
+
+    def __hash__(self) -> int:
+        return hash(self.parts)
+
+
+class Json:
+    """Marks a value to be sent as a JSON document (dicts are JSON already)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Json({self.value!r})"
+
+
+def json_text(value: Any) -> str:
+    """Compact JSON text for ``value``; a :class:`ValidationError` if it is not
+    JSON-serialisable."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(f"value is not a JSON document: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class _Param:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _InList:
+    negated: bool
+    values: tuple[Any, ...]
+
+
+class Fragment:
+    """A piece of SQL with its parameters, made by :func:`sql`. Immutable."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: tuple[_Part, ...]) -> None:
+        self.parts = parts
+
+    def __add__(self, other: Fragment) -> Fragment:
+        if not isinstance(other, Fragment):
+            return NotImplemented
+        return Fragment(self.parts + other.parts)
+
+    def __repr__(self) -> str:
+        return f"Fragment({self.parts!r})"
+
+    @staticmethod
+    def join(fragments: Iterable[Fragment], separator: str = ", ") -> Fragment:
+        """``fragments`` joined by the literal SQL text ``separator``."""
+        parts: list[_Part] = []
+        for i, fragment in enumerate(fragments):
+            if not isinstance(fragment, Fragment):
+                raise ValidationError(
+                    f"Fragment.join takes fragments, got {type(fragment).__name__}"
+                )
+            if i:
+                parts.append(separator)
+            parts.append(fragment)
+        return Fragment(tuple(parts))
+
+
+_Part = str | _Param | _InList | Identifier | Fragment
+
+
+@dataclass(frozen=True, slots=True)
+class _Hole:
+    """One ``{name}`` in a template, with the literal text before it."""
+
+    before: str
+    name: str
+    # For a hole right after IN / NOT IN: the text before it without the keyword.
+    before_in: str | None
+    negated: bool
+
+
+@lru_cache(maxsize=1024)
+def _parse(template: str) -> tuple[tuple[_Hole, ...], str]:
+    holes: list[_Hole] = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValidationError(
+            f"bad sql template ({exc}); write {{{{ and }}}} for literal braces"
+        ) from exc
+    pending = ""  # literal text since the last hole ({{ and }} split it)
+    for literal, name, spec, conversion in parsed:
+        literal = pending + literal
+        if name is None:
+            pending = literal
+            continue
+        pending = ""
+        if not name.isidentifier() or spec or conversion:
+            raise ValidationError(
+                f"bad placeholder {{{name}{'!' + conversion if conversion else ''}"
+                f"{':' + spec if spec else ''}}} in sql template: use {{name}} with a plain "
+                "keyword name; write {{ and }} for literal braces"
+            )
+        match = _IN_SUFFIX.search(literal)
+        holes.append(
+            _Hole(
+                literal,
+                name,
+                literal[: match.start()] if match else None,
+                bool(match and match.group(1)),
+            )
+        )
+    return tuple(holes), pending
+
+
+def sql(template: str, /, **params: Any) -> Fragment:
+    """Build a fragment from ``template``; see the module docstring for what each
+    kind of parameter becomes. Every ``{name}`` needs a parameter and every
+    parameter must be used."""
+    if not isinstance(template, str):
+        raise ValidationError(f"sql() takes a template string, got {type(template).__name__}")
+    holes, tail = _parse(template)
+    parts: list[_Part] = []
+    used: set[str] = set()
+    for hole in holes:
+        try:
+            value = params[hole.name]
+        except KeyError:
+            raise ValidationError(
+                f"sql template uses {{{hole.name}}} but no such parameter was given"
+            ) from None
+        used.add(hole.name)
+        if isinstance(value, _LIST_TYPES) and hole.before_in is not None:
+            parts.extend((hole.before_in, _InList(hole.negated, tuple(value))))
+            continue
+        if isinstance(value, _LIST_TYPES) and _IN_PAREN_SUFFIX.search(hole.before):
+            raise ValidationError(
+                f"write `IN {{{hole.name}}}` without parentheses: aiofragno adds them for lists"
+            )
+        parts.append(hole.before)
+        parts.append(value if isinstance(value, Identifier | Fragment) else _Param(value))
+    parts.append(tail)
+    unused = params.keys() - used
+    if unused:
+        raise ValidationError(
+            f"sql() parameters not used in the template: {', '.join(sorted(unused))}"
+        )
+    return Fragment(tuple(part for part in parts if part != ""))
+
+
+Encoder = Callable[[Any], Any]
+
+
+class SqlCompiler:
+    """Compiles fragments for one dialect. The dialect differences are data:
+
+    ``placeholder``: ``"$n"`` (numbered), ``"?"`` or ``"%s"``;
+    ``quote``: the identifier quote character;
+    ``encoders``: per Python type, how a value is turned into what the driver
+    binds (e.g. Decimal -> text on SQLite);
+    ``array_in``: lists after IN travel as one array parameter;
+    ``empty_set``: a subquery yielding no rows, for ``IN`` with an empty list.
+    """
+
+    def __init__(
+        self,
+        *,
+        placeholder: str,
+        quote: str,
+        max_identifier_length: int,
+        encoders: Mapping[type, Encoder],
+        array_in: bool = False,
+        empty_set: str = "SELECT NULL WHERE 1=0",
+    ) -> None:
+        self._numbered = placeholder == "$n"
+        self._placeholder = placeholder
+        # Drivers formatting with % (MySQL) need literal % doubled.
+        self._escape_percent = placeholder == "%s"
+        self._quote = quote
+        self.max_identifier_length = max_identifier_length
+        self._encoders = dict(encoders)
+        self._array_in = array_in
+        self._empty_set = empty_set
+        self._quoted: dict[str, str] = {}
+
+    def compile(self, node: Any) -> CompiledQuery:
+        if not isinstance(node, Fragment):
+            raise ValidationError(
+                f"expected an af.sql(...) fragment, got {type(node).__name__}; "
+                "build queries with af.sql so values stay bound parameters"
+            )
+        out: list[str] = []
+        params: list[Any] = []
+        self._emit(node, out, params)
+        return CompiledQuery("".join(out), tuple(params))
+
+    def encode(self, value: Any) -> Any:
+        """``value`` as the driver should bind it."""
+        encoder = self._encoders.get(type(value))
+        return value if encoder is None else encoder(value)
+
+    def quote_identifier(self, name: str) -> str:
+        quoted = self._quoted.get(name)
+        if quoted is None:
+            self._check_identifier(name)
+            q = self._quote
+            quoted = self._quoted[name] = q + name.replace(q, q + q) + q
+        return quoted
+
+    def _check_identifier(self, name: str) -> None:
+        if not name:
+            raise ValidationError("empty identifier")
+        if "\x00" in name:
+            raise ValidationError(f"identifier {name!r} contains a NUL byte")
+        if len(name.encode()) > self.max_identifier_length:
+            raise ValidationError(
+                f"identifier {name!r} is longer than {self.max_identifier_length} bytes, "
+                "the limit of this database"
+            )
+
+    def _placeholder_for(self, params: list[Any]) -> str:
+        return f"${len(params)}" if self._numbered else self._placeholder
+
+    def _emit(self, fragment: Fragment, out: list[str], params: list[Any]) -> None:
+        for part in fragment.parts:
+            if isinstance(part, str):
+                out.append(part.replace("%", "%%") if self._escape_percent else part)
+            elif isinstance(part, _Param):
+                params.append(self.encode(part.value))
+                out.append(self._placeholder_for(params))
+            elif isinstance(part, Identifier):
+                out.append(".".join(map(self.quote_identifier, part.parts)))
+            elif isinstance(part, _InList):
+                self._emit_in(part, out, params)
+            else:
+                self._emit(part, out, params)
+
+    def _emit_in(self, part: _InList, out: list[str], params: list[Any]) -> None:
+        values = [self.encode(v) for v in part.values]
+        if self._array_in:
+            params.append(values)
+            operator = "<> ALL(" if part.negated else "= ANY("
+            out.append(f"{operator}{self._placeholder_for(params)})")
+            return
+        out.append("NOT IN (" if part.negated else "IN (")
+        if not values:
+            out.append(self._empty_set)
+        for i, value in enumerate(values):
+            params.append(value)
+            out.append(("" if i == 0 else ", ") + self._placeholder_for(params))
+        out.append(")")

@@ -1,0 +1,172 @@
+"""Database URLs and connection options.
+
+``scheme[+backend]://user:password@host:port/database?option=value``. Schemes:
+``postgresql`` (``postgres``), ``mysql`` (``mariadb``), ``sqlite``. For SQLite
+the path follows the third slash: ``sqlite:///app.db`` is relative,
+``sqlite:////var/db/app.db`` absolute, ``sqlite:///:memory:`` in memory.
+Query parameters set the options of :class:`Options`; keyword arguments to
+``af.connect`` override them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from .errors import ValidationError
+
+_SCHEMES = {
+    "postgresql": "postgresql",
+    "postgres": "postgresql",
+    "mysql": "mysql",
+    "mariadb": "mysql",
+    "sqlite": "sqlite",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseURL:
+    """A parsed URL. ``dialect`` is "postgresql", "mysql" or "sqlite";
+    ``backend`` the driver named after ``+`` in the scheme, if any."""
+
+    dialect: str
+    backend: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    host: str | None = None
+    port: int | None = None
+    database: str = ""
+    query: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_memory(self) -> bool:
+        return self.dialect == "sqlite" and self.database in ("", ":memory:")
+
+    def describe(self) -> str:
+        """The URL without its password, for messages."""
+        if self.dialect == "sqlite":
+            return f"sqlite:///{self.database or ':memory:'}"
+        user = f"{self.username}@" if self.username else ""
+        port = f":{self.port}" if self.port else ""
+        return f"{self.dialect}://{user}{self.host or 'localhost'}{port}/{self.database}"
+
+
+def parse_url(url: str) -> DatabaseURL:
+    if not isinstance(url, str) or "://" not in url:
+        raise ValidationError(
+            f"bad database URL {url!r}: expected e.g. 'sqlite:///app.db', "
+            "'postgresql://user@host/db' or 'mysql://user:pw@host/db'"
+        )
+    parts = urlsplit(url)
+    scheme, _, backend = parts.scheme.partition("+")
+    dialect = _SCHEMES.get(scheme.lower())
+    if dialect is None:
+        raise ValidationError(
+            f"unknown database URL scheme {scheme!r}; use one of: postgresql, mysql, sqlite"
+        )
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    if dialect == "sqlite":
+        if parts.netloc:
+            raise ValidationError(
+                f"bad SQLite URL {url!r}: write sqlite:///relative/path.db, "
+                "sqlite:////absolute/path.db or sqlite:///:memory:"
+            )
+        return DatabaseURL("sqlite", backend or None, database=unquote(parts.path[1:]), query=query)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValidationError(f"bad port in database URL: {exc}") from None
+    return DatabaseURL(
+        dialect,
+        backend or None,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password is not None else None,
+        host=parts.hostname,
+        port=port,
+        database=unquote(parts.path.lstrip("/")),
+        query=query,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Connection options (all also accepted as URL query parameters).
+
+    Times are in seconds. ``None`` disables a limit.
+    """
+
+    pool_size: int = 10
+    """Most connections open at once (SQLite ``:memory:``: always 1)."""
+    acquire_timeout: float = 30.0
+    """How long to wait for a free connection before :class:`PoolTimeout`."""
+    connect_timeout: float = 10.0
+    """How long opening one connection may take."""
+    command_timeout: float | None = None
+    """Per-statement limit (PostgreSQL, MySQL), None for none."""
+    pre_ping: bool = False
+    """Check an idle connection with a round trip before handing it out."""
+    max_lifetime: float | None = 3600.0
+    """Replace connections older than this."""
+    max_idle: float | None = 600.0
+    """Replace connections idle longer than this."""
+    busy_timeout: float = 5.0
+    """SQLite: how long to wait for another process's write lock."""
+
+    def merged(self, query: dict[str, str], overrides: dict[str, Any]) -> Options:
+        """These options updated from URL ``query`` strings, then ``overrides``."""
+        values: dict[str, Any] = {}
+        for name, text in query.items():
+            values[_option_name(name)] = _parse_option(name, text)
+        for name, value in overrides.items():
+            values[_option_name(name)] = value
+        options = replace(self, **values)
+        options._validate()
+        return options
+
+    def _validate(self) -> None:
+        if (
+            not isinstance(self.pool_size, int)
+            or isinstance(self.pool_size, bool)
+            or self.pool_size < 1
+        ):
+            raise ValidationError(f"pool_size must be a positive int, got {self.pool_size!r}")
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            is_number = isinstance(value, int | float) and not isinstance(value, bool)
+            if (
+                spec.type.startswith("float")
+                and value is not None
+                and not (is_number and value > 0)
+            ):
+                raise ValidationError(f"{spec.name} must be a positive number, got {value!r}")
+        if not isinstance(self.pre_ping, bool):
+            raise ValidationError(f"pre_ping must be a bool, got {self.pre_ping!r}")
+
+
+_OPTION_TYPES = {spec.name: spec.type for spec in fields(Options)}
+
+
+def _option_name(name: str) -> str:
+    if name in _OPTION_TYPES:
+        return name
+    close = difflib.get_close_matches(name, _OPTION_TYPES, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(_OPTION_TYPES)}"
+    raise ValidationError(f"unknown connection option {name!r}{hint}")
+
+
+def _parse_option(name: str, text: str) -> Any:
+    kind = _OPTION_TYPES[_option_name(name)]
+    if kind.endswith("| None") and text.lower() in ("none", "null", ""):
+        return None
+    try:
+        if kind == "bool":
+            if text.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError(text)
+            return text.lower() in ("1", "true", "yes", "on")
+        if kind == "int":
+            return int(text)
+        return float(text)
+    except ValueError:
+        raise ValidationError(f"connection option {name}={text!r} is not a valid {kind}") from None

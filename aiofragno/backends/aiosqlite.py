@@ -19,6 +19,11 @@ class AiosqliteConnection(sqlite.SqliteConnection):
             rows = await cursor.fetchall() if description is not None else []
             return description, list(rows), cursor.rowcount, cursor.lastrowid
 
+    def _interrupt(self) -> None:
+        # aiosqlite's own interrupt() is queued behind the running statement;
+        # the sqlite3 connection's is thread-safe and immediate.
+        self._raw._conn.interrupt()
+
     async def _close_raw(self) -> None:
         await self._raw.close()
 
@@ -30,13 +35,9 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         raw = await aiosqlite.connect(
             sqlite.database_path(url), isolation_level=None, timeout=options.busy_timeout
         )
-        try:
-            for statement in sqlite.pragmas(url, options):
-                await raw.execute(statement)
-        except BaseException:
-            await raw.close()
-            raise
-        return AiosqliteConnection(raw, gate)
+        connection = AiosqliteConnection(raw, gate)
+        await connection.configure(url, options)
+        return connection
 
     return PooledDialect(
         name="sqlite",

@@ -15,7 +15,6 @@ from typing import Any
 
 import anyio
 
-from .. import runtime
 from ..dialects import sqlite
 from ..pool import PooledDialect
 from ..url import DatabaseURL, Options
@@ -33,13 +32,12 @@ class ThreadSqliteConnection(sqlite.SqliteConnection):
             return sqlite.run_statement(self._raw, sql, parameters)
 
     async def _run(self, sql: str, parameters: Sequence[Any]) -> sqlite.Outcome:
-        try:
-            return await anyio.to_thread.run_sync(
-                partial(self._call, sql, parameters), abandon_on_cancel=True
-            )
-        except runtime.get_cancelled_exc_class():
-            self._raw.interrupt()
-            raise
+        return await anyio.to_thread.run_sync(
+            partial(self._call, sql, parameters), abandon_on_cancel=True
+        )
+
+    def _interrupt(self) -> None:
+        self._raw.interrupt()
 
     async def _close_raw(self) -> None:
         def close() -> None:
@@ -53,22 +51,17 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
     gate = sqlite.WriteGate()
 
     def open_raw() -> sqlite3.Connection:
-        raw = sqlite3.connect(
+        return sqlite3.connect(
             sqlite.database_path(url),
             isolation_level=None,
             timeout=options.busy_timeout,
             check_same_thread=False,
         )
-        try:
-            for statement in sqlite.pragmas(url, options):
-                raw.execute(statement)
-        except BaseException:
-            raw.close()
-            raise
-        return raw
 
     async def connect() -> ThreadSqliteConnection:
-        return ThreadSqliteConnection(await anyio.to_thread.run_sync(open_raw), gate)
+        connection = ThreadSqliteConnection(await anyio.to_thread.run_sync(open_raw), gate)
+        await connection.configure(url, options)
+        return connection
 
     return PooledDialect(
         name="sqlite",

@@ -127,7 +127,7 @@ def pool_size(url: DatabaseURL, options: Options) -> int:
     return 1 if url.is_memory else options.pool_size
 
 
-def pragmas(url: DatabaseURL, options: Options) -> list[str]:
+def _pragmas(url: DatabaseURL, options: Options) -> list[str]:
     statements = [
         f"PRAGMA busy_timeout = {int(options.busy_timeout * 1000)}",
         "PRAGMA foreign_keys = ON",
@@ -178,13 +178,25 @@ class SqliteConnection:
     async def _close_raw(self) -> None:
         raise NotImplementedError
 
+    def _interrupt(self) -> None:
+        """Make the statement running in sqlite3's thread stop (thread-safe)."""
+        raise NotImplementedError
+
+    async def _interruptible(self, sql: str, parameters: Sequence[Any]) -> Outcome:
+        try:
+            return await self._run(sql, parameters)
+        except runtime.get_cancelled_exc_class():
+            # The thread would otherwise run the statement to its end.
+            self._interrupt()
+            raise
+
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
         if self._holds_gate or _is_read_only(query.sql):
-            outcome = await self._run(query.sql, query.parameters)
+            outcome = await self._interruptible(query.sql, query.parameters)
         else:
             await self._gate.acquire()
             try:
-                outcome = await self._run(query.sql, query.parameters)
+                outcome = await self._interruptible(query.sql, query.parameters)
             finally:
                 self._gate.release()
         description, tuples, rowcount, lastrowid = outcome
@@ -220,6 +232,19 @@ class SqliteConnection:
 
     async def ping(self) -> None:
         await self._run("SELECT 1", ())
+
+    async def configure(self, url: DatabaseURL, options: Options) -> None:
+        """Apply the connection settings; closes the connection if that fails."""
+        try:
+            for statement in _pragmas(url, options):
+                # Through _run, so each statement is finished and its cursor
+                # closed: a statement left open would make every later one fail
+                # after an interrupt().
+                await self._run(statement, ())
+        except BaseException:
+            with runtime.shielded():
+                await self.close()
+            raise
 
     async def reset(self) -> bool:
         try:

@@ -1,0 +1,501 @@
+"""The raw SQL layer on every backend and runtime: round trips, transactions,
+errors, concurrency and cancellation against real databases."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from decimal import Decimal
+from typing import Any
+
+import anyio
+import pytest
+
+import aiofragno as af
+from tests.conformance.conftest import Tables
+
+pytestmark = pytest.mark.anyio
+
+# Per dialect: the column types used for the value round trip.
+COLUMN_TYPES = {
+    "postgresql": {
+        "i": "bigint",
+        "t": "text",
+        "b": "bytea",
+        "flag": "boolean",
+        "f": "double precision",
+        "d": "numeric",
+        "ts": "timestamptz",
+        "day": "date",
+        "j": "jsonb",
+    },
+    "sqlite": {
+        "i": "integer",
+        "t": "text",
+        "b": "blob",
+        "flag": "integer",
+        "f": "real",
+        "d": "text",
+        "ts": "text",
+        "day": "text",
+        "j": "text",
+    },
+    "mysql": {
+        "i": "bigint",
+        "t": "longtext",
+        "b": "longblob",
+        "flag": "boolean",
+        "f": "double",
+        "d": "decimal(65,30)",
+        "ts": "datetime(6)",
+        "day": "date",
+        "j": "json",
+    },
+}
+
+
+async def make_table(db: af.Database, tables: Tables, columns: dict[str, str]) -> af.Identifier:
+    table = tables.new()
+    body = ", ".join(
+        f"{db.compiler.quote_identifier(name)} {kind}" for name, kind in columns.items()
+    )
+    suffix = " DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin" if db.name == "mysql" else ""
+    # Table DDL assembled from trusted test constants only.
+    await db.execute(
+        af.sql(
+            "CREATE TABLE {t} (" + body.replace("{", "{{").replace("}", "}}") + ")" + suffix,
+            t=table,
+        )
+    )
+    return table
+
+
+async def insert(db: af.Database, table: af.Identifier, values: dict[str, Any]) -> af.QueryResult:
+    names = list(values)
+    columns = af.Fragment.join([af.sql("{c}", c=af.Identifier(n)) for n in names])
+    holes = af.Fragment.join([af.sql("{v}", v=values[n]) for n in names])
+    return await db.execute(
+        af.sql("INSERT INTO {t} ({c}) VALUES ({v})", t=table, c=columns, v=holes)
+    )
+
+
+def as_decimal(value: Any) -> Decimal:
+    return Decimal(value) if isinstance(value, str) else value
+
+
+def as_datetime(value: Any) -> dt.datetime:
+    return dt.datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
+def as_date(value: Any) -> dt.date:
+    return dt.date.fromisoformat(value) if isinstance(value, str) else value
+
+
+EDGE_VALUES = [
+    {
+        "i": 2**63 - 1,
+        "t": "emoji 🦀 combining e\u0301 and 'quotes' \"double\" \\ backslash",
+        "b": b"\x00\x01binary\x00\xff",
+        "flag": True,
+        "f": 1.5e-300,
+        "d": Decimal("12345678901234567890.123456789"),
+        "ts": dt.datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=dt.UTC),
+        "day": dt.date(2024, 2, 29),
+        "j": {"nested": [1, 2.5, None, True, "é"], "empty": {}},
+    },
+    {
+        "i": -(2**63),
+        "t": "",
+        "b": b"",
+        "flag": False,
+        "f": -0.0,
+        "d": Decimal("-0.000000000000000000001"),
+        "ts": dt.datetime(1999, 12, 31, 22, 0, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+        "day": dt.date(1, 1, 1) if False else dt.date(1970, 1, 1),
+        "j": [],
+    },
+]
+
+
+@pytest.mark.parametrize("values", EDGE_VALUES, ids=["max", "min"])
+async def test_value_round_trip(db: af.Database, tables: Tables, values: dict[str, Any]) -> None:
+    table = await make_table(db, tables, COLUMN_TYPES[db.name])
+    await insert(db, table, {**values, "j": af.Json(values["j"])})
+    row = await db.fetch_one(af.sql("SELECT * FROM {t}", t=table))
+    assert row is not None
+    assert row["i"] == values["i"]
+    assert row["t"] == values["t"]
+    assert bytes(row["b"]) == values["b"]
+    assert bool(row["flag"]) is values["flag"]
+    assert row["f"] == values["f"]
+    assert as_decimal(row["d"]) == values["d"]
+    got_ts = as_datetime(row["ts"])
+    assert got_ts == values["ts"]
+    assert got_ts.utcoffset() == dt.timedelta(0)
+    assert as_date(row["day"]) == values["day"]
+    assert json.loads(row["j"]) == values["j"]
+
+
+async def test_null_round_trip(db: af.Database, tables: Tables) -> None:
+    columns = {name: kind for name, kind in COLUMN_TYPES[db.name].items()}
+    table = await make_table(db, tables, columns)
+    await insert(db, table, dict.fromkeys(columns))
+    row = await db.fetch_one(af.sql("SELECT * FROM {t}", t=table))
+    assert row is not None
+    assert set(row.values()) == {None}
+
+
+async def test_nul_bytes_in_text(db: af.Database, tables: Tables) -> None:
+    table = await make_table(db, tables, {"t": COLUMN_TYPES[db.name]["t"]})
+    if db.name == "postgresql":
+        with pytest.raises(af.ValidationError, match="NUL"):
+            await insert(db, table, {"t": "a\x00b"})
+        assert await db.fetch(af.sql("SELECT * FROM {t}", t=table)) == []
+    else:
+        await insert(db, table, {"t": "a\x00b"})
+        assert await db.fetch_value(af.sql("SELECT t FROM {t}", t=table)) == "a\x00b"
+
+
+INJECTIONS = [
+    "'; DROP TABLE victims; --",
+    '"; DROP TABLE victims; --',
+    "` ; DROP TABLE victims; --",
+    "1 OR 1=1",
+    "\\'; DROP TABLE victims; --",
+    "%s %% $1 ? {x}",
+]
+
+
+async def test_sql_injection_in_values_is_stored_verbatim(db: af.Database, tables: Tables) -> None:
+    table = await make_table(db, tables, {"t": COLUMN_TYPES[db.name]["t"]})
+    for payload in INJECTIONS:
+        await insert(db, table, {"t": payload})
+    rows = await db.fetch(af.sql("SELECT t FROM {t} WHERE t IN {p}", t=table, p=INJECTIONS))
+    assert sorted(r["t"] for r in rows) == sorted(INJECTIONS)
+    assert (
+        await db.fetch_value(
+            af.sql("SELECT count(*) FROM {t} WHERE t = {p}", t=table, p="1 OR 1=1")
+        )
+        == 1
+    )
+
+
+async def test_sql_injection_in_identifiers_is_a_name(db: af.Database, tables: Tables) -> None:
+    for evil in ['x"; DROP TABLE victims; --', "x`; DROP TABLE victims; --"]:
+        table = tables.new()
+        weird = af.Identifier(evil)
+        await db.execute(af.sql("CREATE TABLE {t} ({c} integer)", t=table, c=weird))
+        await db.execute(af.sql("INSERT INTO {t} ({c}) VALUES ({v})", t=table, c=weird, v=7))
+        row = await db.fetch_one(af.sql("SELECT {c} FROM {t}", t=table, c=weird))
+        assert row is not None and row[evil] == 7
+
+
+async def test_in_lists(db: af.Database, tables: Tables) -> None:
+    table = await make_table(db, tables, {"i": COLUMN_TYPES[db.name]["i"]})
+    for i in range(5):
+        await insert(db, table, {"i": i})
+
+    async def ids(op: str, values: list[int]) -> list[int]:
+        q = af.sql("SELECT i FROM {t} WHERE i " + op + " {v} ORDER BY i", t=table, v=values)
+        return [r["i"] for r in await db.fetch(q)]
+
+    assert await ids("IN", [1, 3, 99]) == [1, 3]
+    assert await ids("NOT IN", [1, 3]) == [0, 2, 4]
+    assert await ids("IN", []) == []
+    assert await ids("NOT IN", []) == [0, 1, 2, 3, 4]
+
+
+async def test_rows_affected_and_insert_id(db: af.Database, tables: Tables) -> None:
+    table = await make_table(db, tables, {"i": COLUMN_TYPES[db.name]["i"], "t": "varchar(20)"})
+    for i in range(3):
+        await insert(db, table, {"i": i, "t": "same"})
+    # Matched rows, even where the value does not change (MySQL FOUND_ROWS).
+    result = await db.execute(af.sql("UPDATE {t} SET t = {v}", t=table, v="same"))
+    assert result.rows_affected == 3
+    result = await db.execute(af.sql("DELETE FROM {t} WHERE i > {v}", t=table, v=0))
+    assert result.rows_affected == 2
+    assert result.rows == []
+    result = await db.execute(af.sql("SELECT * FROM {t}", t=table))
+    assert result.rows_affected == 1
+
+
+async def test_insert_id_for_generated_keys(db: af.Database, tables: Tables) -> None:
+    table = tables.new()
+    key = {
+        "postgresql": "bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
+        "sqlite": "INTEGER PRIMARY KEY",
+        "mysql": "bigint AUTO_INCREMENT PRIMARY KEY",
+    }[db.name]
+    await db.execute(af.sql("CREATE TABLE {t} (k " + key + ", v integer)", t=table))
+    first = await db.execute(af.sql("INSERT INTO {t} (v) VALUES ({v})", t=table, v=1))
+    second = await db.execute(af.sql("INSERT INTO {t} (v) VALUES ({v})", t=table, v=2))
+    if db.adapter.supports_returning:
+        returned = await db.fetch_value(
+            af.sql("INSERT INTO {t} (v) VALUES (3) RETURNING k", t=table)
+        )
+        assert returned == 3
+    if db.name == "postgresql":
+        assert first.insert_id is None  # PostgreSQL reports keys through RETURNING only
+    else:
+        assert (first.insert_id, second.insert_id) == (1, 2)
+    update = await db.execute(af.sql("UPDATE {t} SET v = 5", t=table))
+    assert update.insert_id is None
+
+
+async def test_rows_are_mappings(db: af.Database) -> None:
+    row = await db.fetch_one(af.sql("SELECT 1 AS a, {x} AS b", x="two"))
+    assert row is not None
+    assert dict(row) == {"a": 1, "b": "two"}
+    assert list(row) == ["a", "b"]
+    assert row == {"a": 1, "b": "two"}
+    assert "a" in row and "c" not in row
+    with pytest.raises(KeyError):
+        row["c"]
+    assert await db.fetch_one(af.sql("SELECT 1 AS a WHERE 1 = 0")) is None
+    assert await db.fetch_value(af.sql("SELECT 1 AS a WHERE 1 = 0")) is None
+
+
+async def test_transaction_commits(db: af.Database, tables: Tables) -> None:
+    table = await make_table(db, tables, {"i": "integer"})
+    async with db.transaction() as tx:
+        await insert(db, table, {"i": 1})  # db.* inside the block joins the transaction
+        await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (2)", t=table))
+        assert await tx.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 2
+    assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 2
+
+
+async def test_transaction_rolls_back_on_exception(db: af.Database, tables: Tables) -> None:
+    table = await make_table(db, tables, {"i": "integer"})
+    with pytest.raises(ZeroDivisionError):
+        async with db.transaction() as tx:
+            await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (1)", t=table))
+            1 / 0  # noqa: B018
+    assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 0
+
+
+async def test_nested_transaction_is_a_savepoint(db: af.Database, tables: Tables) -> None:
+    table = await make_table(db, tables, {"i": "integer"})
+    async with db.transaction() as tx:
+        await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (1)", t=table))
+        with pytest.raises(RuntimeError):
+            async with db.transaction():
+                await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (2)", t=table))
+                raise RuntimeError("undo only the inner block")
+        async with tx.transaction():
+            await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (3)", t=table))
+            async with tx.transaction():
+                await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (4)", t=table))
+    rows = await db.fetch(af.sql("SELECT i FROM {t} ORDER BY i", t=table))
+    assert [r["i"] for r in rows] == [1, 3, 4]
+
+
+async def test_failed_statement_inside_savepoint_keeps_the_transaction(
+    db: af.Database, tables: Tables
+) -> None:
+    table = await make_table(db, tables, {"i": "integer"})
+    await db.execute(
+        af.sql(
+            "CREATE UNIQUE INDEX {n} ON {t} (i)", n=af.Identifier(f"{table.parts[0]}_u"), t=table
+        )
+    )
+    async with db.transaction() as tx:
+        await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (1)", t=table))
+        with pytest.raises(af.UniqueViolation):
+            async with tx.transaction():
+                await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (1)", t=table))
+        await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (2)", t=table))
+    assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 2
+
+
+async def test_concurrent_transactions_serialize_correctly(db: af.Database, tables: Tables) -> None:
+    """Read-modify-write under a row lock (or SQLite's single writer): no lost update."""
+    table = await make_table(db, tables, {"n": "integer"})
+    await insert(db, table, {"n": 0})
+    lock = "" if db.name == "sqlite" else " FOR UPDATE"
+
+    async def bump() -> None:
+        async with db.transaction() as tx:
+            n = await tx.fetch_value(af.sql("SELECT n FROM {t}" + lock, t=table))
+            await tx.execute(af.sql("UPDATE {t} SET n = {n}", t=table, n=n + 1))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(40):
+            tg.start_soon(bump)
+    assert await db.fetch_value(af.sql("SELECT n FROM {t}", t=table)) == 40
+
+
+async def test_200_concurrent_queries_over_a_pool_of_5(db: af.Database) -> None:
+    assert db._driver.pool.size == (1 if db.url.is_memory else 5)  # type: ignore[attr-defined]
+    results: list[int] = []
+
+    async def one(i: int) -> None:
+        results.append(await db.fetch_value(af.sql("SELECT {i} + 0 AS v", i=i)))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(200):
+            tg.start_soon(one, i)
+    assert sorted(results) == list(range(200))
+    stats = db._driver.pool.stats  # type: ignore[attr-defined]
+    assert stats.in_use == 0 and stats.idle <= 5
+
+
+SLOW_QUERY = {
+    "postgresql": "SELECT pg_sleep(10)",
+    "mysql": "SELECT SLEEP(10)",
+    # A long recursive count: seconds of CPU in SQLite, interruptible.
+    "sqlite": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 500000000) "
+    "SELECT max(x) FROM c",
+}
+
+
+async def test_cancelling_a_query_leaves_the_pool_usable(db: af.Database) -> None:
+    started = anyio.current_time()
+    with anyio.move_on_after(0.3) as scope:
+        await db.fetch(db.raw(SLOW_QUERY[db.name]))
+    assert scope.cancelled_caught
+    assert anyio.current_time() - started < 5, "cancellation must not wait for the query"
+    # Every connection of the pool still works afterwards.
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(db.fetch_value, af.sql("SELECT 1"))
+    assert await db.fetch_value(af.sql("SELECT {v} + 1", v=1)) == 2
+    assert await db.is_healthy()
+
+
+async def test_cancelling_inside_a_transaction_rolls_it_back(
+    db: af.Database, tables: Tables
+) -> None:
+    table = await make_table(db, tables, {"i": "integer"})
+    with anyio.move_on_after(0.3):
+        async with db.transaction() as tx:
+            await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (1)", t=table))
+            await tx.fetch(db.raw(SLOW_QUERY[db.name]))
+    assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 0
+    async with db.transaction() as tx:
+        await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (2)", t=table))
+    assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 1
+
+
+async def test_errors_are_mapped(db: af.Database, tables: Tables) -> None:
+    parent = await make_table(
+        db, tables, {"id": "integer PRIMARY KEY", "name": "varchar(5) NOT NULL"}
+    )
+    child = tables.new()
+    await db.execute(
+        af.sql(
+            "CREATE TABLE {c} (p integer, FOREIGN KEY (p) REFERENCES {t} (id))", c=child, t=parent
+        )
+    )
+    await insert(db, parent, {"id": 1, "name": "a"})
+    with pytest.raises(af.UniqueViolation) as unique:
+        await insert(db, parent, {"id": 1, "name": "b"})
+    assert unique.value.sqlstate is not None and unique.value.sqlstate.startswith("23")
+    assert unique.value.__cause__ is not None
+    with pytest.raises(af.ForeignKeyViolation):
+        await insert(db, child, {"p": 99})
+    with pytest.raises(af.NotNullViolation):
+        await insert(db, parent, {"id": 2, "name": None})
+    with pytest.raises(af.ProgrammingError):
+        await db.execute(af.sql("SELEKT 1"))
+    with pytest.raises(af.ProgrammingError):
+        await db.execute(af.sql("SELECT * FROM {t}", t=af.Identifier("no_such_table_here")))
+    if db.name != "sqlite":  # SQLite does not enforce varchar lengths
+        with pytest.raises(af.DataError):
+            await insert(db, parent, {"id": 3, "name": "much too long"})
+    # Nothing of the failed statements was written.
+    assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=parent)) == 1
+
+
+async def test_serialization_failure_is_mapped(db: af.Database, tables: Tables, url: str) -> None:
+    if db.name != "postgresql":
+        pytest.skip("PostgreSQL serializable isolation produces SQLSTATE 40001")
+    table = await make_table(db, tables, {"n": "integer"})
+    await insert(db, table, {"n": 0})
+    async with db.transaction("serializable") as t1:
+        await t1.fetch(af.sql("SELECT * FROM {t}", t=table))
+        async with af.connect(url) as other, other.transaction("serializable") as t2:
+            await t2.fetch(af.sql("SELECT * FROM {t}", t=table))
+            await t2.execute(af.sql("UPDATE {t} SET n = 1", t=table))
+        with pytest.raises(af.SerializationFailure) as failure:
+            await t1.execute(af.sql("UPDATE {t} SET n = 2", t=table))
+    assert failure.value.sqlstate == "40001"
+    assert isinstance(failure.value, af.TransactionConflict)
+
+
+async def test_deadlock_is_mapped(db: af.Database, tables: Tables) -> None:
+    if db.name == "sqlite":
+        pytest.skip("SQLite has one writer: transactions cannot deadlock")
+    table = await make_table(db, tables, {"id": "integer PRIMARY KEY", "n": "integer"})
+    await insert(db, table, {"id": 1, "n": 0})
+    await insert(db, table, {"id": 2, "n": 0})
+    both_locked = anyio.Event()
+    first_locks = [anyio.Event(), anyio.Event()]
+    outcomes: list[BaseException | None] = []
+
+    async def worker(first: int, second: int, me: int) -> None:
+        try:
+            async with db.transaction() as tx:
+                await tx.execute(
+                    af.sql("UPDATE {t} SET n = n + 1 WHERE id = {i}", t=table, i=first)
+                )
+                first_locks[me].set()
+                await first_locks[1 - me].wait()
+                both_locked.set()
+                await tx.execute(
+                    af.sql("UPDATE {t} SET n = n + 1 WHERE id = {i}", t=table, i=second)
+                )
+            outcomes.append(None)
+        except af.Error as exc:
+            outcomes.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker, 1, 2, 0)
+        tg.start_soon(worker, 2, 1, 1)
+    errors = [e for e in outcomes if e is not None]
+    assert len(errors) == 1, outcomes
+    assert isinstance(errors[0], af.DeadlockDetected)
+    total = await db.fetch_value(af.sql("SELECT sum(n) FROM {t}", t=table))
+    assert int(total) == 2  # the survivor's two updates, none of the victim's
+
+
+async def test_now_is_aware_utc(db: af.Database) -> None:
+    now = await db.now()
+    assert now.tzinfo is not None and now.utcoffset() == dt.timedelta(0)
+    assert abs((now - dt.datetime.now(dt.UTC)).total_seconds()) < 60
+
+
+async def test_close_is_idempotent_and_use_after_close_is_clear(url: str, target: Any) -> None:
+    db = await af.connect(url, backend=target.backend)
+    assert await db.is_healthy()
+    await db.close()
+    await db.close()
+    assert not await db.is_healthy()
+    with pytest.raises(af.DatabaseClosed, match="closed"):
+        await db.fetch(af.sql("SELECT 1"))
+    with pytest.raises(af.DatabaseClosed):
+        db.transaction()
+
+
+async def test_async_with_connect(url: str, target: Any) -> None:
+    async with af.connect(url, backend=target.backend) as db:
+        assert await db.fetch_value(af.sql("SELECT {v}", v="x")) == "x"
+    assert db.closed
+
+
+async def test_pool_timeout(url: str, target: Any) -> None:
+    async with af.connect(url, backend=target.backend, pool_size=1, acquire_timeout=0.2) as db:
+        holding, done = anyio.Event(), anyio.Event()
+
+        async def hold_the_only_connection() -> None:
+            async with db.transaction():
+                holding.set()
+                await done.wait()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold_the_only_connection)
+            await holding.wait()
+            # This task is outside that transaction, so it needs a connection.
+            with pytest.raises(af.PoolTimeout, match="pool_size"):
+                await db.fetch(af.sql("SELECT 1"))
+            done.set()
+        assert await db.fetch_value(af.sql("SELECT 1")) == 1

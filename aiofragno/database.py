@@ -9,6 +9,7 @@ from typing import Any
 
 from . import runtime
 from .backends import choose_backend, create_dialect
+from .codec import ValueCodec
 from .driver import (
     ISOLATION_LEVELS,
     CompiledQuery,
@@ -18,6 +19,10 @@ from .driver import (
     QueryResult,
 )
 from .errors import ConnectionLost, DatabaseClosed, DatabaseUnavailable, Error, ValidationError
+from .migrate import Ddl, MigrationResult
+from .migrate import migrate as run_migration
+from .naming import Layout, resolve_naming
+from .schema import Schema, _check_name
 from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
 from .sql import Fragment
 from .url import DatabaseURL, Options, parse_url
@@ -41,6 +46,10 @@ class Database(Queries):
         self.compiler = dialect.create_query_compiler()
         self._driver = dialect.create_driver()
         self._closed = False
+        self.codec = ValueCodec(self.adapter.storage, naive_datetimes=options.naive_datetimes)
+        self.naming = resolve_naming(options.naming or self.adapter.default_naming)
+        self._ddl = Ddl(self.adapter.ddl, self.compiler.quote_identifier, self.codec)
+        self._layouts: dict[tuple[int, str], Layout] = {}
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -64,6 +73,45 @@ class Database(Queries):
         """A fragment of trusted SQL text without parameters (internal use:
         never build ``text`` from user input)."""
         return Fragment((text,))
+
+    def layout(self, schema: Schema, namespace: str | None = None) -> Layout:
+        """Where ``schema``'s tables live in this database under ``namespace``
+        (default: the schema's name)."""
+        namespace = schema.name if namespace is None else namespace
+        key = (id(schema), namespace)
+        layout = self._layouts.get(key)
+        if layout is None or layout.schema is not schema:
+            if not isinstance(schema, Schema):
+                raise ValidationError(f"expected an af.Schema, got {type(schema).__name__}")
+            _check_name("namespace", namespace)
+            layout = Layout(schema, namespace, self.naming, self.adapter.max_identifier_length)
+            self._layouts[key] = layout
+        return layout
+
+    async def migrate(
+        self, schema: Schema, *, namespace: str | None = None, dry_run: bool = False
+    ) -> MigrationResult:
+        """Create or extend ``schema``'s tables (see :mod:`aiofragno.migrate`).
+        With ``dry_run`` nothing is changed and the result lists the
+        statements a real run would execute now."""
+        layout = self.layout(schema, namespace)
+        transactional = self.adapter.supports_transactional_ddl
+        session = await self.checkout()
+        try:
+            if transactional:
+                await session.begin(None)
+            result = await run_migration(
+                session, self.compile, layout, self._ddl, self.codec, dry_run=dry_run
+            )
+            if transactional:
+                await session.commit()
+            return result
+        finally:
+            await self.checkin(session)
+
+    async def migration_sql(self, schema: Schema, *, namespace: str | None = None) -> list[str]:
+        """The statements ``migrate`` would run now, without running them."""
+        return (await self.migrate(schema, namespace=namespace, dry_run=True)).statements
 
     def transaction(self, isolation: IsolationLevel | None = None) -> TransactionContext:
         """``async with db.transaction() as tx:`` — commit on success, roll back

@@ -83,6 +83,45 @@ class QueryResult:
 
 
 @dataclass(frozen=True, slots=True)
+class StorageProfile:
+    """How logical column types are stored where the database has no exact
+    native type. The value codec reads these; values stay exact either way."""
+
+    text_rejects_nul: bool = False
+    # Characters a "string" column holds (MySQL: varchar(255), so it can be indexed).
+    string_max_chars: int | None = None
+    decimal: Literal["native", "text"] = "native"
+    bool: Literal["native", "int"] = "native"
+    date: Literal["native", "text"] = "native"
+    timestamp: Literal["native", "utc-naive", "epoch-ms", "iso-text"] = "native"
+
+
+@dataclass(frozen=True, slots=True)
+class DdlSpec:
+    """What migrations need to know to write DDL for one dialect.
+
+    ``types`` maps logical column types to SQL types (``varchar`` contains
+    ``{n}``). The ``*_sql`` templates are ``af.sql`` templates: ``columns_sql``
+    and ``indexes_sql`` take ``{schema}`` (None: the current one) and
+    ``{table}`` and return rows with a ``name`` column; the lock templates take
+    ``{key}``.
+    """
+
+    types: Mapping[str, str]
+    primary_key: str
+    table_options: str
+    columns_sql: str
+    indexes_sql: str
+    # String literals treat backslash as an escape (MySQL): double it.
+    backslash_escapes: bool = False
+    create_schema_sql: str | None = None
+    migration_lock_sql: str | None = None
+    migration_unlock_sql: str | None = None
+    # ALTER TABLE .. ADD COLUMN can add a foreign key in the same clause.
+    add_column_references: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class DialectAdapter:
     """Capability flags of one SQL dialect. The core branches on these, never on
     the dialect's name."""
@@ -100,6 +139,8 @@ class DialectAdapter:
     max_identifier_length: int
     # One statement returning the database's current time (UTC).
     now_sql: str
+    storage: StorageProfile
+    ddl: DdlSpec
 
 
 class Connection(Protocol):

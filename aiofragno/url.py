@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .errors import ValidationError
+from .naming import NamingStrategy
 
 _SCHEMES = {
     "postgresql": "postgresql",
@@ -113,6 +114,15 @@ class Options:
     """Replace connections idle longer than this."""
     busy_timeout: float = 5.0
     """SQLite: how long to wait for another process's write lock."""
+    sqlite_timestamps: str = "epoch-ms"
+    """SQLite storage of timestamp columns: "epoch-ms" (integer milliseconds;
+    sub-millisecond values are refused) or "iso-text" (microseconds kept)."""
+    naming: str | NamingStrategy | None = None
+    """Where schemas' tables live: "suffix", "schema", your own
+    :class:`~aiofragno.naming.NamingStrategy`, or None for the dialect's default."""
+    naive_datetimes: str = "reject"
+    """Timestamps without a time zone: "reject" (ValidationError) or "utc"
+    (taken as UTC)."""
 
     def merged(self, query: dict[str, str], overrides: dict[str, Any]) -> Options:
         """These options updated from URL ``query`` strings, then ``overrides``."""
@@ -141,8 +151,15 @@ class Options:
                 and not (is_number and value > 0)
             ):
                 raise ValidationError(f"{spec.name} must be a positive number, got {value!r}")
+        _check_choice("sqlite_timestamps", self.sqlite_timestamps, ("epoch-ms", "iso-text"))
+        _check_choice("naive_datetimes", self.naive_datetimes, ("reject", "utc"))
         if not isinstance(self.pre_ping, bool):
             raise ValidationError(f"pre_ping must be a bool, got {self.pre_ping!r}")
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValidationError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 _OPTION_TYPES = {spec.name: spec.type for spec in fields(Options)}
@@ -167,6 +184,8 @@ def _parse_option(name: str, text: str) -> Any:
             return text.lower() in ("1", "true", "yes", "on")
         if kind == "int":
             return int(text)
+        if kind.startswith("str"):
+            return text
         return float(text)
     except ValueError:
         raise ValidationError(f"connection option {name}={text!r} is not a valid {kind}") from None

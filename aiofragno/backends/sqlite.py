@@ -65,7 +65,7 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
 
     return PooledDialect(
         name="sqlite",
-        adapter=sqlite.ADAPTER,
+        adapter=sqlite.adapter(options),
         compiler=sqlite.create_compiler,
         translate=sqlite.translate_error,
         connect=connect,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from ..driver import DialectAdapter, IsolationLevel
+from ..driver import DdlSpec, DialectAdapter, IsolationLevel, StorageProfile
 from ..errors import (
     CheckViolation,
     ConnectionLost,
@@ -33,6 +33,35 @@ ADAPTER = DialectAdapter(
     default_naming="suffix",
     max_identifier_length=64,
     now_sql="SELECT UTC_TIMESTAMP(6)",
+    storage=StorageProfile(timestamp="utc-naive", string_max_chars=255),
+    ddl=DdlSpec(
+        types={
+            # varchar(255) so that string columns can be indexed (3 per key).
+            "string": "varchar(255)",
+            "text": "longtext",
+            "varchar": "varchar({n})",
+            "integer": "int",
+            "bigint": "bigint",
+            "decimal": "decimal(65,30)",
+            "bool": "boolean",
+            "json": "json",
+            "binary": "longblob",
+            "date": "date",
+            "timestamp": "datetime(6)",
+            "external_id": "varchar(64)",
+            "reference": "bigint",
+            "version": "int",
+        },
+        primary_key="bigint NOT NULL AUTO_INCREMENT PRIMARY KEY",
+        table_options=" ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+        columns_sql="SELECT column_name AS name FROM information_schema.columns "
+        "WHERE table_schema = COALESCE({schema}, DATABASE()) AND table_name = {table}",
+        indexes_sql="SELECT DISTINCT index_name AS name FROM information_schema.statistics "
+        "WHERE table_schema = COALESCE({schema}, DATABASE()) AND table_name = {table}",
+        backslash_escapes=True,
+        migration_lock_sql="SELECT GET_LOCK({key}, 60)",
+        migration_unlock_sql="SELECT RELEASE_LOCK({key})",
+    ),
 )
 
 # Every session runs in UTC and in strict mode: out-of-range or oversize values

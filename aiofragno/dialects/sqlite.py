@@ -16,12 +16,22 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from typing import Any
 
 from .. import runtime
-from ..driver import CompiledQuery, DialectAdapter, IsolationLevel, QueryResult, Row, column_index
+from ..driver import (
+    CompiledQuery,
+    DdlSpec,
+    DialectAdapter,
+    IsolationLevel,
+    QueryResult,
+    Row,
+    StorageProfile,
+    column_index,
+)
 from ..errors import (
     CheckViolation,
     DatabaseUnavailable,
@@ -42,7 +52,7 @@ from ..sql import Json, SqlCompiler
 from ..url import DatabaseURL, Options
 from .common import json_param
 
-ADAPTER = DialectAdapter(
+_BASE = DialectAdapter(
     supports_returning=sqlite3.sqlite_version_info >= (3, 35, 0),
     supports_json=True,
     reports_affected_rows=True,
@@ -54,7 +64,43 @@ ADAPTER = DialectAdapter(
     # SQLite has no limit; keep names portable to PostgreSQL's.
     max_identifier_length=63,
     now_sql="SELECT strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')",
+    storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),
+    ddl=DdlSpec(
+        types={
+            "string": "text",
+            "text": "text",
+            "varchar": "varchar({n})",
+            "integer": "integer",
+            "bigint": "integer",
+            # Text keeps every digit: SQLite has no exact decimal type.
+            "decimal": "text",
+            "bool": "integer",
+            "json": "text",
+            "binary": "blob",
+            "date": "text",
+            "timestamp": "integer",
+            "external_id": "text",
+            "reference": "integer",
+            "version": "integer",
+        },
+        # An alias of the rowid: a 64-bit key without extra storage.
+        primary_key="INTEGER PRIMARY KEY",
+        table_options="",
+        columns_sql="SELECT name FROM pragma_table_info({table})",
+        indexes_sql="SELECT name FROM pragma_index_list({table})",
+        add_column_references=True,
+    ),
 )
+
+
+def adapter(options: Options) -> DialectAdapter:
+    """The adapter for one Database: the timestamp storage profile is an option
+    (``sqlite_timestamps``: "epoch-ms", the default, or "iso-text")."""
+    if options.sqlite_timestamps == "epoch-ms":
+        return _BASE
+    storage = replace(_BASE.storage, timestamp="iso-text")
+    ddl = replace(_BASE.ddl, types={**_BASE.ddl.types, "timestamp": "text"})
+    return replace(_BASE, storage=storage, ddl=ddl)
 
 
 def _datetime(value: datetime) -> str:
@@ -68,7 +114,7 @@ def create_compiler() -> SqlCompiler:
     return SqlCompiler(
         placeholder="?",
         quote='"',
-        max_identifier_length=ADAPTER.max_identifier_length,
+        max_identifier_length=_BASE.max_identifier_length,
         encoders={
             # sqlite3 has no exact decimal type: text keeps every digit.
             Decimal: str,

@@ -1,0 +1,212 @@
+"""The value codec: one place that checks Python values against logical column
+types, encodes them for a dialect's storage, and decodes them back.
+
+Exactness is the rule. Values a backend could only store approximately are
+refused with :class:`~aiofragno.errors.ValidationError` rather than changed:
+floats for decimals, sub-millisecond timestamps under SQLite's epoch-ms
+profile, NUL characters in PostgreSQL text, naive datetimes (unless
+``naive_datetimes="utc"``), integers outside the column's range, strings longer
+than the column holds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from .driver import StorageProfile
+from .errors import ValidationError
+from .sql import json_text
+
+Encode = Callable[[Any], Any]
+Decode = Callable[[Any], Any]
+
+LOGICAL_TYPES = frozenset(
+    {
+        "string",
+        "text",
+        "varchar",
+        "integer",
+        "bigint",
+        "decimal",
+        "bool",
+        "json",
+        "binary",
+        "date",
+        "timestamp",
+    }
+)
+_INT_RANGES = {"integer": (-(2**31), 2**31 - 1), "bigint": (-(2**63), 2**63 - 1)}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
+
+
+def _type_error(kind: str, value: Any) -> ValidationError:
+    return ValidationError(f"expected a {kind} value, got {type(value).__name__} {value!r:.60}")
+
+
+def _text(max_chars: int | None, reject_nul: bool) -> Encode:
+    def encode(value: Any) -> Any:
+        if not isinstance(value, str):
+            raise _type_error("str", value)
+        if max_chars is not None and len(value) > max_chars:
+            raise ValidationError(
+                f"{len(value)} characters is more than the column holds ({max_chars})"
+            )
+        if reject_nul and "\x00" in value:
+            raise ValidationError(
+                "PostgreSQL cannot store NUL (\\x00) in text; use a binary column"
+            )
+        return value
+
+    return encode
+
+
+def _integer(kind: str) -> Encode:
+    low, high = _INT_RANGES[kind]
+
+    def encode(value: Any) -> Any:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _type_error("int", value)
+        if not low <= value <= high:
+            raise ValidationError(
+                f"{value} is outside the range of a {kind} column ({low}..{high})"
+            )
+        return value
+
+    return encode
+
+
+def _decimal(as_text: bool) -> Encode:
+    def encode(value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = Decimal(value)
+        if not isinstance(value, Decimal):
+            hint = " (floats are inexact: pass Decimal(str(x)))" if isinstance(value, float) else ""
+            raise ValidationError(f"expected a Decimal value, got {type(value).__name__}{hint}")
+        if not value.is_finite():
+            raise ValidationError(f"{value} cannot be stored: decimals must be finite")
+        return str(value) if as_text else value
+
+    return encode
+
+
+def _bool(as_int: bool) -> Encode:
+    def encode(value: Any) -> Any:
+        if not isinstance(value, bool):
+            raise _type_error("bool", value)
+        return int(value) if as_int else value
+
+    return encode
+
+
+def _json(value: Any) -> Any:
+    return json_text(value)
+
+
+def _binary(value: Any) -> Any:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise _type_error("bytes", value)
+    return bytes(value)
+
+
+def _date(as_text: bool) -> Encode:
+    def encode(value: Any) -> Any:
+        if not isinstance(value, date) or isinstance(value, datetime):
+            raise _type_error("date", value)
+        return value.isoformat() if as_text else value
+
+    return encode
+
+
+def _timestamp(storage: str, naive_as_utc: bool) -> Encode:
+    def encode(value: Any) -> Any:
+        if not isinstance(value, datetime):
+            raise _type_error("datetime", value)
+        if value.tzinfo is None:
+            if not naive_as_utc:
+                raise ValidationError(
+                    f"naive datetime {value.isoformat()} is ambiguous: pass a timezone-aware "
+                    "datetime, or connect with naive_datetimes='utc'"
+                )
+            value = value.replace(tzinfo=UTC)
+        if storage == "native":
+            return value
+        utc = value.astimezone(UTC)
+        if storage == "utc-naive":
+            return utc.replace(tzinfo=None)
+        if storage == "iso-text":
+            return utc.isoformat(timespec="microseconds")
+        if utc.microsecond % 1000:
+            raise ValidationError(
+                f"{value.isoformat()} has sub-millisecond precision, which SQLite's epoch-ms "
+                "timestamp storage would lose; round it, or connect with sqlite_timestamps='iso-text'"
+            )
+        return (utc - _EPOCH) // _MILLISECOND
+
+    return encode
+
+
+def _decode_timestamp(storage: str) -> Decode | None:
+    if storage == "epoch-ms":
+        return lambda v: _EPOCH + v * _MILLISECOND
+    if storage == "iso-text":
+        return datetime.fromisoformat
+    return None  # drivers return aware UTC datetimes
+
+
+class ValueCodec:
+    """Encoders and decoders for one dialect's :class:`StorageProfile`."""
+
+    def __init__(self, storage: StorageProfile, *, naive_datetimes: str = "reject") -> None:
+        self.storage = storage
+        self._naive_as_utc = naive_datetimes == "utc"
+
+    def encoder(self, kind: str, length: int | None = None) -> Encode:
+        """Check-and-convert for ``kind`` (``length``: a varchar's limit)."""
+        s = self.storage
+        if kind in ("string", "text", "varchar"):
+            limit = (
+                length if kind == "varchar" else s.string_max_chars if kind == "string" else None
+            )
+            return _text(limit, s.text_rejects_nul)
+        if kind in _INT_RANGES:
+            return _integer(kind)
+        factories: dict[str, Callable[[], Encode]] = {
+            "decimal": lambda: _decimal(s.decimal == "text"),
+            "bool": lambda: _bool(s.bool == "int"),
+            "json": lambda: _json,
+            "binary": lambda: _binary,
+            "date": lambda: _date(s.date == "text"),
+            "timestamp": lambda: _timestamp(s.timestamp, self._naive_as_utc),
+        }
+        if kind not in factories:
+            raise ValidationError(f"unknown column type {kind!r}")
+        return factories[kind]()
+
+    def decoder(self, kind: str) -> Decode | None:
+        """Driver value -> Python for ``kind``; None when the driver's value is
+        already right."""
+        s = self.storage
+        if kind == "decimal":
+            return Decimal if s.decimal == "text" else None
+        if kind == "bool":
+            return bool
+        if kind == "json":
+            return json.loads
+        if kind == "binary":
+            return bytes
+        if kind == "date":
+            return date.fromisoformat if s.date == "text" else None
+        if kind == "timestamp":
+            return _decode_timestamp(s.timestamp)
+        return None
+
+
+def check_value(kind: str, value: Any, length: int | None = None) -> None:
+    """Raise ValidationError unless ``value`` suits ``kind`` on every dialect's
+    common ground (used for schema defaults)."""
+    ValueCodec(StorageProfile(), naive_datetimes="reject").encoder(kind, length)(value)

@@ -1,0 +1,324 @@
+"""Migrations: make the database match a :class:`~aiofragno.Schema`.
+
+``await db.migrate(schema)`` compares the declaration with what the database
+has (by introspection, every time) and adds what is missing: the internal
+settings table, database schemas, tables, columns and indexes. It never drops
+or alters anything that exists, so a later version of a schema migrates
+forward with its data kept, and a column dropped by hand is added again
+(self-healing). It is idempotent, holds a migration lock (PostgreSQL advisory
+lock, MySQL ``GET_LOCK``, SQLite's write lock) so concurrent migrators run one
+after the other, and runs in one transaction where the database has
+transactional DDL (PostgreSQL, SQLite). On MySQL each DDL statement commits on
+its own; an interrupted migration is completed by the next run.
+
+The settings table ``fragno_db_settings`` records ``<namespace>.schema_version``
+(bumped whenever the declaration changes) and ``<namespace>.schema_hash``.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from .codec import ValueCodec
+from .driver import CompiledQuery, DdlSpec
+from .errors import Error, MigrationError
+from .naming import Layout, PhysicalTable
+from .schema import (
+    EXTERNAL_ID,
+    INTERNAL_ID,
+    VERSION,
+    Column,
+    Index,
+    Reference,
+    tables_in_dependency_order,
+)
+from .sql import Fragment, Identifier, sql
+
+if TYPE_CHECKING:
+    from .session import Session
+
+SETTINGS_TABLE = "fragno_db_settings"
+_LOCK_KEY = "aiofragno.migrate"
+
+
+@dataclass
+class MigrationResult:
+    """What a migration did: the statements it ran (empty when the database
+    already matched) and the namespace's schema version afterwards."""
+
+    namespace: str
+    version: int
+    statements: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.statements)
+
+
+class Ddl:
+    """Renders DDL for one dialect (quoting through the dialect's compiler)."""
+
+    def __init__(self, spec: DdlSpec, quote: Any, codec: ValueCodec) -> None:
+        self.spec = spec
+        self.quote = quote
+        self.codec = codec
+
+    def name(self, identifier: Identifier) -> str:
+        return ".".join(self.quote(part) for part in identifier.parts)
+
+    def column_type(self, column: Column) -> str:
+        kind = "reference" if isinstance(column, Reference) else column.kind
+        return self.spec.types[kind].replace("{n}", str(column.length))
+
+    def column(self, column: Column, *, nullable: bool | None = None) -> str:
+        null = column.nullable if nullable is None else nullable
+        text = f"{self.quote(column.name)} {self.column_type(column)}{'' if null else ' NOT NULL'}"
+        default = self.default(column)
+        return text if default is None else f"{text} DEFAULT {default}"
+
+    def default(self, column: Column) -> str | None:
+        """The column's default as a SQL literal, or None (also when it cannot
+        be written as a portable literal; it is then applied by the client)."""
+        if column.default is None:
+            return None
+        return literal(self.codec.encoder(column.kind, column.length)(column.default), self.spec)
+
+    def references(self, column: Reference, layout: Layout) -> str:
+        target = layout.table(column.to_table)
+        return f"REFERENCES {self.name(target.identifier)} ({self.quote(INTERNAL_ID)})"
+
+    def create_table(self, physical: PhysicalTable, layout: Layout) -> str:
+        table = physical.table
+        lines = [
+            f"{self.quote(INTERNAL_ID)} {self.spec.primary_key}",
+            f"{self.quote(EXTERNAL_ID)} {self.spec.types['external_id']} NOT NULL UNIQUE",
+            f"{self.quote(VERSION)} {self.spec.types['version']} NOT NULL DEFAULT 0",
+            *(self.column(c) for c in table.columns.values()),
+        ]
+        for column in table.columns.values():
+            if isinstance(column, Reference):
+                fk = self.quote(layout.foreign_key_name(table.name, column.name))
+                lines.append(
+                    f"CONSTRAINT {fk} FOREIGN KEY ({self.quote(column.name)}) {self.references(column, layout)}"
+                )
+        body = ",\n  ".join(lines)
+        return (
+            f"CREATE TABLE {self.name(physical.identifier)} (\n  {body}\n){self.spec.table_options}"
+        )
+
+    def add_column(self, physical: PhysicalTable, column: Column, layout: Layout) -> list[str]:
+        """ALTER statements adding ``column``. A NOT NULL column whose default has
+        no portable literal is added nullable and filled by the caller."""
+        table = self.name(physical.identifier)
+        nullable = column.nullable or self.default(column) is None
+        definition = f"ALTER TABLE {table} ADD COLUMN {self.column(column, nullable=nullable)}"
+        if not isinstance(column, Reference):
+            return [definition]
+        if self.spec.add_column_references:
+            return [f"{definition} {self.references(column, layout)}"]
+        fk = self.quote(layout.foreign_key_name(physical.table.name, column.name))
+        return [
+            f"{definition}, ADD CONSTRAINT {fk} FOREIGN KEY ({self.quote(column.name)}) "
+            f"{self.references(column, layout)}"
+        ]
+
+    def create_index(self, physical: PhysicalTable, index: Index, layout: Layout) -> str:
+        name = self.quote(layout.index_name(physical.table.name, index.name))
+        columns = ", ".join(self.quote(c) for c in index.columns)
+        unique = "UNIQUE " if index.unique else ""
+        # PostgreSQL puts an index in its table's schema; the name is unqualified.
+        return f"CREATE {unique}INDEX {name} ON {self.name(physical.identifier)} ({columns})"
+
+
+def literal(value: Any, spec: DdlSpec) -> str | None:
+    """``value`` (already encoded for storage) as a SQL literal, or None when
+    there is no literal form that every dialect reads the same way."""
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int | Decimal):
+        return str(value)
+    if isinstance(value, datetime):
+        value = value.isoformat(sep=" ")
+    elif isinstance(value, date):
+        value = value.isoformat()
+    if not isinstance(value, str):
+        return None
+    escaped = value.replace("'", "''")
+    if spec.backslash_escapes:
+        escaped = escaped.replace("\\", "\\\\")
+    return f"'{escaped}'"
+
+
+def _template(template: str, **params: Any) -> Fragment:
+    """``sql(template, ...)`` with just the parameters the template names (the
+    dialects' introspection templates use different subsets)."""
+    used = {name for _, name, _, _ in string.Formatter().parse(template) if name}
+    return sql(template, **{k: v for k, v in params.items() if k in used})
+
+
+class Migrator:
+    """Plans and applies one migration on one session (connection)."""
+
+    def __init__(
+        self, session: Session, compile: Any, layout: Layout, ddl: Ddl, codec: ValueCodec
+    ) -> None:
+        self.session = session
+        self.compile = compile
+        self.layout = layout
+        self.ddl = ddl
+        self.codec = codec
+        self.statements: list[str] = []
+
+    async def fetch_names(self, template: str, **params: Any) -> set[str]:
+        result = await self.session.execute(self.compile(_template(template, **params)))
+        return {row["name"] for row in result.rows}
+
+    async def run(self, statement: str, *, dry_run: bool) -> None:
+        self.statements.append(statement)
+        if not dry_run:
+            await self.session.execute(CompiledQuery(statement))
+
+    async def plan_table(self, physical: PhysicalTable, *, dry_run: bool) -> None:
+        spec = self.ddl.spec
+        columns = await self.fetch_names(
+            spec.columns_sql, schema=physical.schema, table=physical.name
+        )
+        table = physical.table
+        if not columns:
+            await self.run(self.ddl.create_table(physical, self.layout), dry_run=dry_run)
+            existing_indexes: set[str] = set()
+        else:
+            for column in table.columns.values():
+                if column.name not in columns:
+                    await self.add_column(physical, column, dry_run=dry_run)
+            existing_indexes = await self.fetch_names(
+                spec.indexes_sql, schema=physical.schema, table=physical.name
+            )
+        for index in table.indexes.values():
+            if self.layout.index_name(table.name, index.name) not in existing_indexes:
+                await self.run(self.ddl.create_index(physical, index, self.layout), dry_run=dry_run)
+
+    async def add_column(self, physical: PhysicalTable, column: Column, *, dry_run: bool) -> None:
+        if not column.nullable and column.default is None:
+            raise MigrationError(
+                f"cannot add column {column.name!r} to table {physical.table.name!r}: it is NOT NULL "
+                "without a default, and existing rows would have no value; give it a default or "
+                "make it nullable"
+            )
+        for statement in self.ddl.add_column(physical, column, self.layout):
+            await self.run(statement, dry_run=dry_run)
+        if column.default is not None and self.ddl.default(column) is None and not dry_run:
+            # No portable literal: fill existing rows through a bound parameter.
+            value = self.codec.encoder(column.kind, column.length)(column.default)
+            fill = sql(
+                "UPDATE {t} SET {c} = {v} WHERE {c} IS NULL",
+                t=physical.identifier,
+                c=Identifier(column.name),
+                v=value,
+            )
+            await self.session.execute(self.compile(fill))
+
+
+async def read_setting(session: Session, compile: Any, key: str) -> str | None:
+    result = await session.execute(
+        compile(sql("SELECT {v} AS value FROM {t} WHERE {k} = {key}", **_settings_names(), key=key))
+    )
+    return result.rows[0]["value"] if result.rows else None
+
+
+async def write_setting(session: Session, compile: Any, key: str, value: str) -> None:
+    """Insert or update ``key``; callers hold the migration lock, so a read
+    followed by a write cannot race."""
+    names = _settings_names()
+    if await read_setting(session, compile, key) is None:
+        statement = sql(
+            "INSERT INTO {t} ({k}, {v}) VALUES ({key}, {value})", **names, key=key, value=value
+        )
+    else:
+        statement = sql(
+            "UPDATE {t} SET {v} = {value} WHERE {k} = {key}", **names, key=key, value=value
+        )
+    await session.execute(compile(statement))
+
+
+def _settings_names() -> dict[str, Identifier]:
+    return {"t": Identifier(SETTINGS_TABLE), "k": Identifier("key"), "v": Identifier("value")}
+
+
+def settings_table_sql(ddl: Ddl) -> str:
+    spec = ddl.spec
+    return (
+        f"CREATE TABLE IF NOT EXISTS {ddl.quote(SETTINGS_TABLE)} (\n"
+        f"  {ddl.quote('id')} {spec.primary_key},\n"
+        f"  {ddl.quote('key')} {spec.types['varchar'].replace('{n}', '255')} NOT NULL UNIQUE,\n"
+        f"  {ddl.quote('value')} {spec.types['text']} NOT NULL\n"
+        f"){spec.table_options}"
+    )
+
+
+async def migrate(
+    session: Session, compile: Any, layout: Layout, ddl: Ddl, codec: ValueCodec, *, dry_run: bool
+) -> MigrationResult:
+    """Bring the database in line with ``layout`` on ``session`` (see the module
+    docstring). The caller provides the session and ends its transaction."""
+    spec = ddl.spec
+    if spec.migration_lock_sql:
+        locked = await session.execute(compile(sql(spec.migration_lock_sql, key=_LOCK_KEY)))
+        if locked.rows and next(iter(locked.rows[0].values())) in (0, False):
+            raise MigrationError("another migration held the migration lock for 60 s; try again")
+    try:
+        migrator = Migrator(session, compile, layout, ddl, codec)
+        settings = await migrator.fetch_names(spec.columns_sql, schema=None, table=SETTINGS_TABLE)
+        if not settings:
+            await migrator.run(settings_table_sql(ddl), dry_run=dry_run)
+        for db_schema in layout.db_schemas:
+            if spec.create_schema_sql and not await _schema_exists(migrator, db_schema):
+                statement = spec.create_schema_sql.replace(
+                    "{schema}", ddl.name(Identifier(db_schema))
+                )
+                await migrator.run(statement, dry_run=dry_run)
+        for table in tables_in_dependency_order(layout.schema):
+            await migrator.plan_table(layout.table(table.name), dry_run=dry_run)
+        return await _record_version(
+            migrator, has_settings=bool(settings) or not dry_run, dry_run=dry_run
+        )
+    except Error as exc:
+        if isinstance(exc, MigrationError):
+            raise
+        raise MigrationError(f"migrating namespace {layout.namespace!r} failed: {exc}") from exc
+    finally:
+        if spec.migration_unlock_sql and not session.broken:
+            await session.execute(compile(sql(spec.migration_unlock_sql, key=_LOCK_KEY)))
+
+
+async def _schema_exists(migrator: Migrator, db_schema: str) -> bool:
+    result = await migrator.session.execute(
+        migrator.compile(
+            sql("SELECT 1 FROM information_schema.schemata WHERE schema_name = {s}", s=db_schema)
+        )
+    )
+    return bool(result.rows)
+
+
+async def _record_version(
+    migrator: Migrator, *, has_settings: bool, dry_run: bool
+) -> MigrationResult:
+    layout = migrator.layout
+    ns = layout.namespace
+    session, compile = migrator.session, migrator.compile
+    stored_hash = version_text = None
+    if has_settings:
+        stored_hash = await read_setting(session, compile, f"{ns}.schema_hash")
+        version_text = await read_setting(session, compile, f"{ns}.schema_version")
+    version = int(version_text or 0)
+    fingerprint = layout.schema.fingerprint
+    if stored_hash != fingerprint or migrator.statements:
+        version += 1
+        if not dry_run:
+            await write_setting(session, compile, f"{ns}.schema_version", str(version))
+            await write_setting(session, compile, f"{ns}.schema_hash", fingerprint)
+    return MigrationResult(ns, version, migrator.statements)

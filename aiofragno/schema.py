@@ -1,0 +1,279 @@
+"""Schemas declared in Python: Schema, Table, Column, Reference, Index — and
+RowId, the id of a row.
+
+Every table gets three columns of ours besides the declared ones:
+
+* ``id`` — the external id: a UUIDv7 string made by the client when the row is
+  created (unique; URL-safe; sorts roughly by creation time, which keeps index
+  inserts local; needs no round trip to the database);
+* a hidden internal ``_id`` bigint primary key (what references store);
+* a hidden ``_version`` integer, bumped by every update, for optimistic
+  concurrency.
+
+Declaring something invalid raises :class:`~aiofragno.errors.SchemaError`
+immediately, naming the table and column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .codec import LOGICAL_TYPES, check_value
+from .errors import SchemaError, ValidationError
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
+RESERVED_COLUMNS = frozenset({"id"})
+EXTERNAL_ID = "id"
+INTERNAL_ID = "_id"
+VERSION = "_version"
+
+
+class RowId(str):
+    """The external id of a row (a ``str``), carrying the row's ``version`` and
+    ``internal_id`` when it was read from the database."""
+
+    version: int | None
+    internal_id: int | None
+
+    def __new__(
+        cls, external_id: str, version: int | None = None, internal_id: int | None = None
+    ) -> RowId:
+        row_id = super().__new__(cls, external_id)
+        row_id.version = version
+        row_id.internal_id = internal_id
+        return row_id
+
+    def __repr__(self) -> str:
+        return f"RowId({str(self)!r}, version={self.version})"
+
+
+def new_external_id() -> str:
+    """A UUIDv7 (RFC 9562): 48-bit Unix milliseconds, then 74 random bits."""
+    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10))
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+@dataclass(frozen=True, slots=True)
+class VarChar:
+    length: int
+
+    def __str__(self) -> str:
+        return f"varchar({self.length})"
+
+
+def varchar(length: int) -> VarChar:
+    """A string column of at most ``length`` characters (checked on write on
+    every backend, SQLite included)."""
+    if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= 16383:
+        raise SchemaError(f"varchar length must be an int in 1..16383, got {length!r}")
+    return VarChar(length)
+
+
+def _check_name(what: str, name: Any, where: str = "") -> None:
+    place = f" in {where}" if where else ""
+    if not isinstance(name, str) or not _NAME.match(name):
+        reserved = isinstance(name, str) and name.startswith("_")
+        why = (
+            "names starting with _ are reserved for aiofragno"
+            if reserved
+            else ("use a letter, then letters, digits or _ (at most 63)")
+        )
+        raise SchemaError(f"bad {what} name {name!r}{place}: {why}")
+
+
+class Column:
+    """A column: ``Column("balance", "bigint", default=0)``. Types: string, text,
+    integer, bigint, decimal, bool, json, binary, date, timestamp, or
+    ``af.varchar(n)``. ``default`` is used when ``create`` omits the column."""
+
+    kind: str
+    length: int | None
+
+    def __init__(
+        self, name: str, type: str | VarChar, *, nullable: bool = False, default: Any = None
+    ) -> None:
+        _check_name("column", name)
+        self.name = name
+        self.nullable = bool(nullable)
+        self.default = default
+        if isinstance(type, VarChar):
+            self.kind, self.length = "varchar", type.length
+        elif type in LOGICAL_TYPES and type != "varchar":
+            self.kind, self.length = type, None
+        else:
+            known = ", ".join(sorted(LOGICAL_TYPES - {"varchar"}))
+            raise SchemaError(
+                f"column {name!r} has unknown type {type!r}; use one of {known} or af.varchar(n)"
+            )
+        if default is not None:
+            try:
+                check_value(self.kind, default, self.length)
+            except ValidationError as exc:
+                raise SchemaError(
+                    f"column {name!r}: default {default!r} does not fit {self.type_name}: {exc}"
+                ) from None
+
+    @property
+    def type_name(self) -> str:
+        return f"varchar({self.length})" if self.kind == "varchar" else self.kind
+
+    def describe(self) -> dict[str, Any]:
+        default = self.default
+        return {
+            "name": self.name,
+            "type": self.type_name,
+            "nullable": self.nullable,
+            "default": repr(default),
+        }
+
+    def __repr__(self) -> str:
+        return f"Column({self.name!r}, {self.type_name!r}, nullable={self.nullable})"
+
+
+class Reference(Column):
+    """A reference to a row of ``to_table`` in the same schema (stored as that
+    row's internal id, with a foreign key)."""
+
+    def __init__(self, name: str, to_table: str, *, nullable: bool = False) -> None:
+        super().__init__(name, "bigint", nullable=nullable)
+        _check_name("table", to_table, f"reference {name!r}")
+        self.kind = "reference"
+        self.to_table = to_table
+
+    @property
+    def type_name(self) -> str:
+        return f"reference({self.to_table})"
+
+
+class Index:
+    """An index over ``columns`` (unique if ``unique=True``)."""
+
+    def __init__(self, name: str, columns: Sequence[str], *, unique: bool = False) -> None:
+        _check_name("index", name)
+        if isinstance(columns, str) or not columns:
+            raise SchemaError(f"index {name!r}: columns must be a non-empty list of column names")
+        self.name = name
+        self.columns = tuple(columns)
+        self.unique = bool(unique)
+        if len(set(self.columns)) != len(self.columns):
+            raise SchemaError(f"index {name!r} names a column twice: {list(self.columns)}")
+
+
+class Table:
+    """A table: ``Table("accounts", Column(...), Reference(...), Index(...))``."""
+
+    def __init__(self, name: str, *items: Column | Index) -> None:
+        _check_name("table", name)
+        self.name = name
+        self.columns: dict[str, Column] = {}
+        self.indexes: dict[str, Index] = {}
+        for item in items:
+            self._add(item)
+        for index in self.indexes.values():
+            for column in index.columns:
+                if column not in self.columns and column != EXTERNAL_ID:
+                    raise SchemaError(
+                        f"index {index.name!r} of table {name!r} uses unknown column {column!r}"
+                    )
+
+    def _add(self, item: Column | Index) -> None:
+        where = f"table {self.name!r}"
+        if isinstance(item, Column):
+            if item.name in RESERVED_COLUMNS:
+                raise SchemaError(
+                    f"column {item.name!r} in {where} is reserved: every table has it already"
+                )
+            if item.name in self.columns:
+                raise SchemaError(f"column {item.name!r} is declared twice in {where}")
+            self.columns[item.name] = item
+        elif isinstance(item, Index):
+            if item.name in self.indexes:
+                raise SchemaError(f"index {item.name!r} is declared twice in {where}")
+            self.indexes[item.name] = item
+        else:
+            raise SchemaError(f"{where}: expected Column, Reference or Index, got {item!r}")
+
+    def column(self, name: str) -> Column:
+        try:
+            return self.columns[name]
+        except KeyError:
+            known = ", ".join(["id", *self.columns])
+            raise ValidationError(
+                f"table {self.name!r} has no column {name!r}; columns: {known}"
+            ) from None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "columns": [c.describe() for c in self.columns.values()],
+            "indexes": [
+                {"name": i.name, "columns": list(i.columns), "unique": i.unique}
+                for i in self.indexes.values()
+            ],
+        }
+
+
+class Schema:
+    """A named set of tables: ``Schema("shop", Table(...), Table(...))``."""
+
+    def __init__(self, name: str, *tables: Table) -> None:
+        _check_name("schema", name)
+        self.name = name
+        self.tables: dict[str, Table] = {}
+        for table in tables:
+            if not isinstance(table, Table):
+                raise SchemaError(f"schema {name!r}: expected Table, got {table!r}")
+            if table.name in self.tables:
+                raise SchemaError(f"table {table.name!r} is declared twice in schema {name!r}")
+            self.tables[table.name] = table
+        for table in self.tables.values():
+            for column in table.columns.values():
+                if isinstance(column, Reference) and column.to_table not in self.tables:
+                    raise SchemaError(
+                        f"column {column.name!r} of table {table.name!r} references unknown table "
+                        f"{column.to_table!r} (schema {name!r} has: {', '.join(self.tables)})"
+                    )
+
+    def table(self, name: str) -> Table:
+        try:
+            return self.tables[name]
+        except KeyError:
+            raise ValidationError(
+                f"schema {self.name!r} has no table {name!r}; tables: {', '.join(self.tables)}"
+            ) from None
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the declaration: equal schemas, equal fingerprints."""
+        text = json.dumps([t.describe() for t in self.tables.values()], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def tables_in_dependency_order(schema: Schema) -> Iterable[Table]:
+    """Referenced tables before the tables that reference them (cycles: in
+    declaration order; their foreign keys are added after the tables)."""
+    done: set[str] = set()
+    order: list[Table] = []
+
+    def visit(table: Table, path: tuple[str, ...]) -> None:
+        if table.name in done or table.name in path:
+            return
+        for column in table.columns.values():
+            if isinstance(column, Reference):
+                visit(schema.tables[column.to_table], (*path, table.name))
+        done.add(table.name)
+        order.append(table)
+
+    for table in schema.tables.values():
+        visit(table, ())
+    return order

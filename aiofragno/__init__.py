@@ -31,14 +31,18 @@ from .errors import (
     UniqueViolation,
     ValidationError,
 )
+from .migrate import MigrationResult
+from .schema import Column, Index, Reference, RowId, Schema, Table, varchar
 from .session import Transaction
 from .sql import Fragment, Identifier, Json, sql
+from .uow import ExponentialBackoff, FindResult, NoRetry, RetryPolicy, UnitOfWork, UowHooks, c
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BackendNotInstalled",
     "CheckViolation",
+    "Column",
     "CommitOutcomeUnknown",
     "CompiledQuery",
     "ConcurrencyConflict",
@@ -51,25 +55,39 @@ __all__ = [
     "DatabaseUnavailable",
     "DeadlockDetected",
     "Error",
+    "ExponentialBackoff",
+    "FindResult",
     "ForeignKeyViolation",
     "Fragment",
     "Identifier",
+    "Index",
     "IntegrityError",
     "Json",
     "LockTimeout",
     "MigrationError",
+    "MigrationResult",
+    "NoRetry",
     "NotNullViolation",
     "PoolTimeout",
     "ProgrammingError",
     "QueryCanceled",
     "QueryResult",
+    "Reference",
+    "RetryPolicy",
     "Row",
+    "RowId",
+    "Schema",
     "SchemaError",
     "SerializationFailure",
+    "Table",
     "Transaction",
     "TransactionConflict",
     "UniqueViolation",
+    "UnitOfWork",
+    "UowHooks",
     "ValidationError",
+    "c",
     "connect",
     "sql",
+    "varchar",
 ]

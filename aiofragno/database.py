@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from . import runtime
 from .backends import choose_backend, create_dialect
@@ -25,7 +25,14 @@ from .naming import Layout, resolve_naming
 from .schema import Schema, _check_name
 from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
 from .sql import Fragment
+from .uow import execute_uow as run_uow
+from .uow.catalog import Catalog
+from .uow.executor import UowHooks
+from .uow.retry import RetryPolicy
+from .uow.unit import UnitOfWork
 from .url import DatabaseURL, Options, parse_url
+
+T = TypeVar("T")
 
 
 class Database(Queries):
@@ -50,6 +57,7 @@ class Database(Queries):
         self.naming = resolve_naming(options.naming or self.adapter.default_naming)
         self._ddl = Ddl(self.adapter.ddl, self.compiler.quote_identifier, self.codec)
         self._layouts: dict[tuple[int, str], Layout] = {}
+        self._catalogs: dict[int, Catalog] = {}
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -87,6 +95,57 @@ class Database(Queries):
             layout = Layout(schema, namespace, self.naming, self.adapter.max_identifier_length)
             self._layouts[key] = layout
         return layout
+
+    def catalog(self, schema: Schema, namespace: str | None = None) -> Catalog:
+        """The compiled tables and SQL cache for ``schema`` under ``namespace``."""
+        layout = self.layout(schema, namespace)
+        catalog = self._catalogs.get(id(layout))
+        if catalog is None:
+            catalog = self._catalogs[id(layout)] = Catalog(
+                layout, self.compiler, self.codec, self.adapter
+            )
+        return catalog
+
+    async def execute_uow(
+        self,
+        fn: Callable[[UnitOfWork], Awaitable[T]],
+        *,
+        schema: Schema,
+        namespace: str | None = None,
+        retry: RetryPolicy | None = None,
+        idempotency_key: str | None = None,
+        isolation: IsolationLevel | None = None,
+        dry_run: bool = False,
+        on_query: Callable[[CompiledQuery], Any] | None = None,
+        hooks: UowHooks | None = None,
+    ) -> T:
+        """Run ``fn`` as a unit of work on ``schema``'s tables and return what it
+        returns. ``fn`` queues reads, awaits ``uow.retrieve()``, and queues
+        writes; after it returns, the writes run in one transaction (at
+        ``isolation``, if given). When a checked write finds its row changed, or
+        the server reports a serialization failure or deadlock, the whole of
+        ``fn`` runs again under ``retry`` (default: ``ExponentialBackoff()``);
+        when retries run out, :class:`ConcurrencyConflict` is raised. So ``fn``
+        must not have side effects outside the unit. ``dry_run`` compiles
+        without touching the database (reads give empty results);
+        ``on_query`` sees every compiled statement; ``hooks`` instrument each
+        attempt."""
+        self._check_open()
+        if isolation is not None and isolation not in ISOLATION_LEVELS:
+            raise ValidationError(
+                f"unknown isolation level {isolation!r}; use one of {sorted(ISOLATION_LEVELS)}"
+            )
+        return await run_uow(
+            self,
+            self.catalog(schema, namespace),
+            fn,
+            retry=retry,
+            idempotency_key=idempotency_key,
+            isolation=isolation,
+            dry_run=dry_run,
+            on_query=on_query,
+            hooks=hooks,
+        )
 
     async def migrate(
         self, schema: Schema, *, namespace: str | None = None, dry_run: bool = False

@@ -139,6 +139,9 @@ class DialectAdapter:
     max_identifier_length: int
     # One statement returning the database's current time (UTC).
     now_sql: str
+    # Appended to a SELECT to hold a shared row lock until commit ("" if the
+    # database serializes writers anyway).
+    row_share_lock: str
     storage: StorageProfile
     ddl: DdlSpec
 
@@ -219,6 +222,10 @@ class QueryCompiler(Protocol):
     def compile(self, node: Any) -> CompiledQuery: ...
 
     def quote_identifier(self, name: str) -> str: ...
+
+    def placeholder(self, index: int) -> str:
+        """The placeholder of the ``index``-th parameter (1-based)."""
+        ...
 
 
 class Dialect(Protocol):

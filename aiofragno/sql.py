@@ -276,8 +276,12 @@ class SqlCompiler:
                 "the limit of this database"
             )
 
+    def placeholder(self, index: int) -> str:
+        """The placeholder of the ``index``-th parameter (1-based)."""
+        return f"${index}" if self._numbered else self._placeholder
+
     def _placeholder_for(self, params: list[Any]) -> str:
-        return f"${len(params)}" if self._numbered else self._placeholder
+        return self.placeholder(len(params))
 
     def _emit(self, fragment: Fragment, out: list[str], params: list[Any]) -> None:
         for part in fragment.parts:

@@ -35,6 +35,7 @@ ADAPTER = DialectAdapter(
     default_naming="schema",
     max_identifier_length=63,
     now_sql="SELECT clock_timestamp()",
+    row_share_lock=" FOR SHARE",
     storage=StorageProfile(text_rejects_nul=True),
     ddl=DdlSpec(
         types={

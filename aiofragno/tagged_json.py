@@ -1,0 +1,72 @@
+"""JSON with type tags, so values JSON has no type for round-trip exactly:
+datetimes, dates, Decimals, bytes and integers beyond 2**53 (which JavaScript
+and many JSON readers would round).
+
+A tagged value is a one-key object: ``{"$dt": "2024-01-01T00:00:00+00:00"}``,
+``{"$date": ...}``, ``{"$dec": "1.10"}``, ``{"$bytes": "<base64>"}``,
+``{"$int": "12345678901234567890"}``. A plain object whose single key starts
+with ``$`` is escaped as ``{"$obj": [[key, value]]}`` so it cannot be mistaken for one.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+_SAFE_INT = 2**53
+
+
+def _tag(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str | float):
+        return value
+    if isinstance(value, int):
+        return value if -_SAFE_INT < value < _SAFE_INT else {"$int": str(value)}
+    if isinstance(value, datetime):
+        return {"$dt": value.isoformat()}
+    if isinstance(value, date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, Decimal):
+        return {"$dec": str(value)}
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$bytes": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, dict):
+        tagged = {str(k): _tag(v) for k, v in value.items()}
+        if len(tagged) == 1 and next(iter(tagged)).startswith("$"):
+            # As a pair list, so the reader cannot take the inner key for a tag.
+            return {"$obj": list(tagged.items())}
+        return tagged
+    if isinstance(value, list | tuple):
+        return [_tag(v) for v in value]
+    raise TypeError(f"cannot encode {type(value).__name__} as tagged JSON")
+
+
+_UNTAG: dict[str, Callable[[Any], Any]] = {
+    "$int": int,
+    "$dt": datetime.fromisoformat,
+    "$date": date.fromisoformat,
+    "$dec": Decimal,
+    "$bytes": base64.b64decode,
+}
+
+
+def _untag(obj: dict[str, Any]) -> Any:
+    if len(obj) == 1:
+        key, value = next(iter(obj.items()))
+        if key == "$obj":
+            return dict(value)
+        decode = _UNTAG.get(key)
+        if decode is not None:
+            return decode(value)
+    return obj
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(_tag(value), separators=(",", ":"), ensure_ascii=False)
+
+
+def loads(text: str | bytes) -> Any:
+    return json.loads(text, object_hook=_untag)

@@ -1,0 +1,157 @@
+"""Per Database and schema layout: each table's quoted names, encoders,
+decoders and SELECT list, built once, plus the cache of compiled SQL text
+keyed by operation shape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..codec import Decode, Encode, ValueCodec
+from ..driver import DialectAdapter, QueryCompiler
+from ..errors import ValidationError
+from ..naming import Layout
+from ..schema import EXTERNAL_ID, INTERNAL_ID, VERSION, Column, Reference, RowId
+
+ALIAS = "t"
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnInfo:
+    name: str
+    kind: str  # logical type; "reference" for references, "id" for the external id
+    quoted: str  # unqualified, for INSERT/UPDATE
+    qualified: str  # t."name", for SELECT/WHERE
+    encode: Encode
+    column: Column | None  # None for the external id
+    target: str | None = None  # referenced table
+
+
+class TableInfo:
+    """One table of a layout, ready for compiling operations."""
+
+    def __init__(self, catalog: Catalog, name: str) -> None:
+        physical = catalog.layout.table(name)
+        quote = catalog.compiler.quote_identifier
+        self.name = name
+        self.table = physical.table
+        self.sql_name = catalog.sql_name(name)
+        self.internal_id = f"{ALIAS}.{quote(INTERNAL_ID)}"
+        self.columns: dict[str, ColumnInfo] = {
+            EXTERNAL_ID: ColumnInfo(
+                EXTERNAL_ID,
+                "id",
+                quote(EXTERNAL_ID),
+                f"{ALIAS}.{quote(EXTERNAL_ID)}",
+                _external_id,
+                None,
+            )
+        }
+        for column in self.table.columns.values():
+            self.columns[column.name] = _column_info(catalog, column)
+        self.select_sql, self.decode = self._build_select(catalog)
+
+    def column(self, name: str) -> ColumnInfo:
+        info = self.columns.get(name)
+        if info is None:
+            if name.startswith("_"):
+                raise ValidationError(
+                    f"column {name!r} of table {self.name!r} is internal to aiofragno"
+                )
+            self.table.column(name)  # raises, listing the columns
+            raise AssertionError(name)
+        return info
+
+    def _build_select(
+        self, catalog: Catalog
+    ) -> tuple[str, Callable[[Sequence[Any]], dict[str, Any]]]:
+        quote = catalog.compiler.quote_identifier
+        selected = [self.internal_id, f"{ALIAS}.{quote(EXTERNAL_ID)}", f"{ALIAS}.{quote(VERSION)}"]
+        joins: list[str] = []
+        plan: list[tuple[str, int, Decode | None, int | None]] = []
+        for info in self.columns.values():
+            if info.column is None:
+                continue
+            plan_position = len(selected)
+            selected.append(info.qualified)
+            ref_position = None
+            if info.target is not None:
+                alias = f"r{len(joins) + 1}"
+                joins.append(
+                    f" LEFT JOIN {catalog.sql_name(info.target)} {alias} "
+                    f"ON {alias}.{quote(INTERNAL_ID)} = {info.qualified}"
+                )
+                ref_position = len(selected)
+                selected.append(f"{alias}.{quote(EXTERNAL_ID)}")
+            plan.append((info.name, plan_position, catalog.codec.decoder(info.kind), ref_position))
+        sql = f"SELECT {', '.join(selected)} FROM {self.sql_name} {ALIAS}{''.join(joins)}"
+        return sql, _decoder(plan)
+
+
+def _decoder(
+    plan: list[tuple[str, int, Decode | None, int | None]],
+) -> Callable[[Sequence[Any]], dict[str, Any]]:
+    def decode(values: Sequence[Any]) -> dict[str, Any]:
+        row: dict[str, Any] = {EXTERNAL_ID: RowId(values[1], values[2], values[0])}
+        for name, position, convert, ref_position in plan:
+            value = values[position]
+            if value is None:
+                row[name] = None
+            elif ref_position is not None:
+                row[name] = RowId(values[ref_position], None, value)
+            else:
+                row[name] = value if convert is None else convert(value)
+        return row
+
+    return decode
+
+
+def _external_id(value: Any) -> Any:
+    if not isinstance(value, str):
+        raise ValidationError(f"expected an id (str or RowId), got {type(value).__name__}")
+    return str(value)
+
+
+def _column_info(catalog: Catalog, column: Column) -> ColumnInfo:
+    quote = catalog.compiler.quote_identifier
+    quoted = quote(column.name)
+    if isinstance(column, Reference):
+        return ColumnInfo(
+            column.name,
+            "reference",
+            quoted,
+            f"{ALIAS}.{quoted}",
+            _external_id,
+            column,
+            column.to_table,
+        )
+    encode = catalog.codec.encoder(column.kind, column.length)
+    return ColumnInfo(column.name, column.kind, quoted, f"{ALIAS}.{quoted}", encode, column)
+
+
+class Catalog:
+    """Everything compiled once per (Database, layout)."""
+
+    def __init__(
+        self, layout: Layout, compiler: QueryCompiler, codec: ValueCodec, adapter: DialectAdapter
+    ) -> None:
+        self.layout = layout
+        self.compiler = compiler
+        self.codec = codec
+        self.adapter = adapter
+        self.sql_cache: dict[Any, str] = {}
+        self._tables: dict[str, TableInfo] = {}
+
+    def sql_name(self, table: str) -> str:
+        """The quoted, qualified physical name of ``table``."""
+        quote = self.compiler.quote_identifier
+        return ".".join(quote(part) for part in self.layout.table(table).identifier.parts)
+
+    def table(self, name: str) -> TableInfo:
+        info = self._tables.get(name)
+        if info is None:
+            if not isinstance(name, str):
+                raise ValidationError(f"table names are str, got {type(name).__name__}")
+            info = self._tables[name] = TableInfo(self, name)
+        return info

@@ -1,0 +1,92 @@
+"""The state of compiling one statement: parameters always, SQL text only when
+the text for this shape is not cached yet."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ValidationError
+from ..schema import INTERNAL_ID, RowId
+
+if TYPE_CHECKING:
+    from .catalog import Catalog, TableInfo
+
+_TEXT_KINDS = frozenset({"string", "text", "varchar", "id"})
+
+
+class Compiling:
+    """Collects the parameters of one statement on ``table`` (and its text when
+    ``build_text``). ``signature`` records choices the text depends on beyond
+    the operation's shape (how each reference value is resolved)."""
+
+    __slots__ = ("build_text", "catalog", "params", "parts", "signature", "table")
+
+    def __init__(self, catalog: Catalog, table: TableInfo, build_text: bool) -> None:
+        self.catalog = catalog
+        self.table = table
+        self.build_text = build_text
+        self.parts: list[str] = []
+        self.params: list[Any] = []
+        self.signature: list[bool] = []
+
+    def text(self, sql: str) -> None:
+        if self.build_text:
+            self.parts.append(sql)
+
+    def sql(self) -> str:
+        return "".join(self.parts)
+
+    def column(self, name: str) -> str:
+        return self.table.column(name).qualified
+
+    def raw_value(self, value: Any) -> None:
+        """A parameter bound as is (already encoded)."""
+        self.params.append(value)
+        if self.build_text:
+            self.parts.append(self.catalog.compiler.placeholder(len(self.params)))
+
+    def value(self, column: str, value: Any) -> None:
+        """A parameter for ``column``: checked and encoded for its type; a
+        reference becomes the row's internal id, or a subquery by external id
+        when that is not known yet."""
+        info = self.table.column(column)
+        try:
+            if info.target is None:
+                self.raw_value(info.encode(value))
+                return
+            self.reference(info.target, value)
+        except ValidationError as exc:
+            raise ValidationError(f"{self.table.name}.{column}: {exc}") from None
+
+    def reference(self, target: str, value: Any) -> None:
+        internal = getattr(value, "internal_id", None)
+        self.signature.append(internal is None)
+        if internal is not None:
+            self.raw_value(internal)
+            return
+        if not isinstance(value, str):
+            raise ValidationError(
+                f"a reference takes a RowId or an id string, got {type(value).__name__}"
+            )
+        quote = self.catalog.compiler.quote_identifier
+        self.text(
+            f"(SELECT {quote(INTERNAL_ID)} FROM {self.catalog.sql_name(target)} WHERE {quote('id')} = "
+        )
+        self.raw_value(str(value))
+        self.text(")")
+
+    def check_text_column(self, column: str, operation: str) -> None:
+        if self.table.column(column).kind not in _TEXT_KINDS:
+            raise ValidationError(f"{self.table.name}.{column}: {operation} needs a string column")
+
+
+def row_id(value: Any, *, table: str, need_version: bool) -> RowId | str:
+    """Check a row id argument: a RowId, or (without ``need_version``) an id string."""
+    if not isinstance(value, str):
+        raise ValidationError(f"{table}: a row id is a RowId or str, got {type(value).__name__}")
+    if need_version and getattr(value, "version", None) is None:
+        raise ValidationError(
+            f"{table}: check=True needs a RowId that carries a version (one read in this unit's "
+            f"retrieval phase or returned by create), got {value!r}"
+        )
+    return value

@@ -1,0 +1,139 @@
+"""Running units of work: the retry loop, the retrieval reads and the
+mutation phase's transaction."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .. import runtime
+from ..driver import CompiledQuery, IsolationLevel, QueryResult
+from ..errors import ConcurrencyConflict, TransactionConflict
+from ..schema import new_external_id
+from ..session import CLEANUP_TIMEOUT, Session
+from .catalog import Catalog
+from .ops import MutationOp
+from .retry import ExponentialBackoff, RetryPolicy
+from .unit import UnitOfWork
+
+if TYPE_CHECKING:
+    from ..database import Database
+
+T = TypeVar("T")
+Hook = Callable[[UnitOfWork], Any]
+DEFAULT_RETRY = ExponentialBackoff()
+
+
+@dataclass(frozen=True, slots=True)
+class UowHooks:
+    """Instrumentation around the phases of each attempt (sync or async
+    callables taking the UnitOfWork). A hook that raises
+    :class:`~aiofragno.ConcurrencyConflict` makes the attempt count as a conflict
+    (and be retried); any other exception ends the unit, rolled back."""
+
+    before_mutation: Hook | None = None
+    after_mutation: Hook | None = None
+    on_conflict: Callable[[UnitOfWork, Exception], Any] | None = None
+
+
+class _Conflict(Exception):
+    """A checked operation matched no row."""
+
+
+async def _call(hook: Callable[..., Any] | None, *args: Any) -> None:
+    if hook is not None:
+        outcome = hook(*args)
+        if inspect.isawaitable(outcome):
+            await outcome
+
+
+async def run_reads(db: Database, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
+    """The retrieval phase's reads, in order, on one connection."""
+    session = await db.checkout()
+    try:
+        return [await session.execute(query) for query in queries]
+    finally:
+        await db.checkin(session)
+
+
+async def run_mutations(
+    db: Database,
+    mutations: list[MutationOp],
+    isolation: IsolationLevel | None,
+    notify: Callable[[CompiledQuery], Any],
+) -> None:
+    """The mutation phase: every write in one transaction, or none."""
+    session = await db.checkout()
+    try:
+        await session.begin(isolation)
+        try:
+            for op in mutations:
+                notify(op.query)
+                if op.conflicted(await session.execute(op.query)):
+                    raise _Conflict(
+                        f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
+                    )
+            await session.commit()
+        except BaseException:
+            await _rollback(session)
+            raise
+    finally:
+        await db.checkin(session)
+
+
+async def _rollback(session: Session) -> None:
+    if not session.in_transaction or session.broken:
+        return
+    with runtime.shielded(CLEANUP_TIMEOUT):
+        try:
+            await session.rollback()
+        except Exception:
+            session.broken = True  # discarded at checkin; the server rolls back
+
+
+async def execute_uow(
+    db: Database,
+    catalog: Catalog,
+    fn: Callable[[UnitOfWork], Awaitable[T]],
+    *,
+    retry: RetryPolicy | None = None,
+    idempotency_key: str | None = None,
+    isolation: IsolationLevel | None = None,
+    dry_run: bool = False,
+    on_query: Callable[[CompiledQuery], Any] | None = None,
+    hooks: UowHooks | None = None,
+) -> T:
+    policy = DEFAULT_RETRY if retry is None else retry
+    uow_id = new_external_id() if idempotency_key is None else idempotency_key
+    hooks = hooks or UowHooks()
+    notify = on_query or (lambda query: None)
+    attempt = 0
+    while True:
+        attempt += 1
+        uow = UnitOfWork(
+            lambda qs: run_reads(db, qs), catalog, uow_id, dry_run=dry_run, on_query=on_query
+        )
+        value = await fn(uow)
+        if dry_run:
+            for op in uow.mutations:
+                notify(op.query)
+            return value
+        if not uow.mutations:
+            return value
+        try:
+            await _call(hooks.before_mutation, uow)
+            await run_mutations(db, uow.mutations, isolation, notify)
+        except (_Conflict, TransactionConflict, ConcurrencyConflict) as conflict:
+            await _call(hooks.on_conflict, uow, conflict)
+            delay = policy.delay(attempt)
+            if delay is None:
+                raise ConcurrencyConflict(
+                    f"unit of work {uow_id} still conflicted after {attempt} attempt(s): {conflict}",
+                    attempts=attempt,
+                ) from conflict
+            await runtime.sleep(delay)
+            continue
+        await _call(hooks.after_mutation, uow)
+        return value

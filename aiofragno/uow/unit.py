@@ -1,0 +1,120 @@
+"""The UnitOfWork handed to your function by ``db.execute_uow``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from ..driver import CompiledQuery, QueryResult
+from ..schema import RowId
+from .catalog import Catalog
+from .expr import Expr
+from .ops import Check, Count, Create, Delete, Find, MutationOp, RetrievalOp, Update
+
+Where = Expr | Mapping[str, Any] | None
+R = TypeVar("R", bound=RetrievalOp)
+Reader = Callable[[Sequence[CompiledQuery]], Awaitable[list[QueryResult]]]
+
+
+class UnitOfWork:
+    """Queue reads, ``await retrieve()`` them, then queue writes.
+
+    Reads run when you call :meth:`retrieve` (any number of times; each runs
+    the reads queued since the last one, on one pooled connection, outside any
+    transaction). Writes are checked and compiled when queued, and run after
+    your function returns — all in one transaction, the *mutation phase*.
+    ``uow_id`` is the same across retries of the unit (its idempotency key).
+    """
+
+    def __init__(
+        self,
+        reader: Reader,
+        catalog: Catalog,
+        uow_id: str,
+        *,
+        dry_run: bool = False,
+        on_query: Callable[[CompiledQuery], Any] | None = None,
+    ) -> None:
+        self._reader = reader
+        self._catalog = catalog
+        self.uow_id = uow_id
+        self._dry_run = dry_run
+        self._on_query = on_query
+        self._reads: list[RetrievalOp] = []
+        self.mutations: list[MutationOp] = []
+
+    # -- retrieval ---------------------------------------------------------
+
+    def find(
+        self,
+        table: str,
+        where: Where = None,
+        order_by: Any = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> Find:
+        """Rows of ``table`` matching ``where``, in ``order_by`` order (a column,
+        ``(column, "asc"|"desc")``, or a list of those; ties broken by creation
+        order). With ``limit``, ``result.cursor`` continues after the page. Order
+        columns that may be NULL give no cursor."""
+        return self._queue(Find(self._catalog.table(table), where, order_by, limit, after))
+
+    def find_first(self, table: str, where: Where = None, order_by: Any = None) -> Find:
+        """The first matching row, or None."""
+        return self._queue(
+            Find(self._catalog.table(table), where, order_by, None, None, first=True)
+        )
+
+    def count(self, table: str, where: Where = None) -> Count:
+        """How many rows match ``where``."""
+        return self._queue(Count(self._catalog.table(table), where))
+
+    async def retrieve(self) -> None:
+        """Run the reads queued so far and fill their ``.result`` (no reads, no
+        database call)."""
+        reads, self._reads = self._reads, []
+        if not reads:
+            return
+        queries = [op.compile(self._catalog) for op in reads]
+        for query in queries:
+            self._notify(query)
+        if self._dry_run:
+            for op in reads:
+                op.empty()
+            return
+        results = await self._reader(queries)
+        for op, result in zip(reads, results, strict=True):
+            op.accept(result)
+
+    # -- mutations ---------------------------------------------------------
+
+    def create(self, table: str, values: Mapping[str, Any]) -> RowId:
+        """Insert a row; returns its new id (usable as a reference in this unit)."""
+        op = Create(self._catalog, self._catalog.table(table), values)
+        self.mutations.append(op)
+        return op.target  # type: ignore[return-value]
+
+    def update(
+        self, table: str, row_id: RowId | str, values: Mapping[str, Any], *, check: bool = False
+    ) -> None:
+        """Set ``values`` on the row; bumps its version. With ``check=True`` the
+        unit conflicts unless the row still has ``row_id.version``."""
+        self.mutations.append(
+            Update(self._catalog, self._catalog.table(table), row_id, values, check)
+        )
+
+    def delete(self, table: str, row_id: RowId | str, *, check: bool = False) -> None:
+        """Delete the row (``check=True``: only at ``row_id.version``)."""
+        self.mutations.append(Delete(self._catalog, self._catalog.table(table), row_id, check))
+
+    def check(self, table: str, row_id: RowId) -> None:
+        """Conflict unless the row still exists at ``row_id.version``."""
+        self.mutations.append(Check(self._catalog, self._catalog.table(table), row_id))
+
+    def _queue(self, op: R) -> R:
+        self._reads.append(op)
+        return op
+
+    def _notify(self, query: CompiledQuery) -> None:
+        if self._on_query is not None:
+            self._on_query(query)

@@ -210,3 +210,20 @@ def check_value(kind: str, value: Any, length: int | None = None) -> None:
     """Raise ValidationError unless ``value`` suits ``kind`` on every dialect's
     common ground (used for schema defaults)."""
     ValueCodec(StorageProfile(), naive_datetimes="reject").encoder(kind, length)(value)
+
+
+def as_utc(value: Any) -> datetime:
+    """A database's idea of "now" (aware datetime, naive UTC datetime or ISO
+    text) as an aware UTC datetime."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if not isinstance(value, datetime):
+        raise TypeError(f"expected a timestamp, got {value!r}")
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utc_now() -> datetime:
+    """The current time for timestamps aiofragno writes itself, at millisecond
+    precision (what every storage profile keeps exactly)."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
-from datetime import UTC, datetime
+from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
 from . import runtime
 from .backends import choose_backend, create_dialect
-from .codec import ValueCodec
+from .codec import ValueCodec, as_utc
 from .driver import (
     ISOLATION_LEVELS,
     CompiledQuery,
@@ -22,6 +22,7 @@ from .errors import ConnectionLost, DatabaseClosed, DatabaseUnavailable, Error, 
 from .migrate import Ddl, MigrationResult
 from .migrate import migrate as run_migration
 from .naming import Layout, resolve_naming
+from .outbox import OutboxReader
 from .schema import Schema, _check_name
 from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
 from .sql import Fragment
@@ -58,6 +59,7 @@ class Database(Queries):
         self._ddl = Ddl(self.adapter.ddl, self.compiler.quote_identifier, self.codec)
         self._layouts: dict[tuple[int, str], Layout] = {}
         self._catalogs: dict[int, Catalog] = {}
+        self.outbox = OutboxReader(self)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -187,7 +189,7 @@ class Database(Queries):
     async def now(self) -> datetime:
         """The database server's current time, timezone-aware in UTC."""
         value = await self.fetch_value(self.raw(self.adapter.now_sql))
-        return _as_utc(value)
+        return as_utc(value)
 
     async def is_healthy(self) -> bool:
         """True if a connection answers a round trip within ``connect_timeout``.
@@ -283,16 +285,6 @@ class Database(Queries):
     def _check_open(self) -> None:
         if self._closed:
             raise DatabaseClosed(f"{self!r} is closed; open a new one with af.connect()")
-
-
-def _as_utc(value: Any) -> datetime:
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    if not isinstance(value, datetime):
-        raise TypeError(f"database returned {value!r} for the current time")
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
 
 
 class Connect:

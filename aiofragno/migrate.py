@@ -17,7 +17,6 @@ The settings table ``fragno_db_settings`` records ``<namespace>.schema_version``
 
 from __future__ import annotations
 
-import string
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
@@ -27,6 +26,7 @@ from .codec import ValueCodec
 from .driver import CompiledQuery, DdlSpec
 from .errors import Error, MigrationError
 from .naming import Layout, PhysicalTable
+from .outbox import tables as outbox_tables
 from .schema import (
     EXTERNAL_ID,
     INTERNAL_ID,
@@ -36,7 +36,7 @@ from .schema import (
     Reference,
     tables_in_dependency_order,
 )
-from .sql import Fragment, Identifier, sql
+from .sql import Identifier, sql, sql_using
 
 if TYPE_CHECKING:
     from .session import Session
@@ -153,13 +153,6 @@ def literal(value: Any, spec: DdlSpec) -> str | None:
     return f"'{escaped}'"
 
 
-def _template(template: str, **params: Any) -> Fragment:
-    """``sql(template, ...)`` with just the parameters the template names (the
-    dialects' introspection templates use different subsets)."""
-    used = {name for _, name, _, _ in string.Formatter().parse(template) if name}
-    return sql(template, **{k: v for k, v in params.items() if k in used})
-
-
 class Migrator:
     """Plans and applies one migration on one session (connection)."""
 
@@ -174,7 +167,7 @@ class Migrator:
         self.statements: list[str] = []
 
     async def fetch_names(self, template: str, **params: Any) -> set[str]:
-        result = await self.session.execute(self.compile(_template(template, **params)))
+        result = await self.session.execute(self.compile(sql_using(template, **params)))
         return {row["name"] for row in result.rows}
 
     async def run(self, statement: str, *, dry_run: bool) -> None:
@@ -275,6 +268,7 @@ async def migrate(
         settings = await migrator.fetch_names(spec.columns_sql, schema=None, table=SETTINGS_TABLE)
         if not settings:
             await migrator.run(settings_table_sql(ddl), dry_run=dry_run)
+        await _internal_tables(migrator, dry_run=dry_run)
         for db_schema in layout.db_schemas:
             if spec.create_schema_sql and not await _schema_exists(migrator, db_schema):
                 statement = spec.create_schema_sql.replace(
@@ -293,6 +287,23 @@ async def migrate(
     finally:
         if spec.migration_unlock_sql and not session.broken:
             await session.execute(compile(sql(spec.migration_unlock_sql, key=_LOCK_KEY)))
+
+
+async def _internal_tables(migrator: Migrator, *, dry_run: bool) -> None:
+    """The outbox's tables, and its version counter row (pre-created so that
+    reserving a version always updates an existing row)."""
+    spec, quote = migrator.ddl.spec, migrator.ddl.quote
+    for table, statement in outbox_tables.create_statements(spec, quote):
+        if not await migrator.fetch_names(spec.columns_sql, schema=None, table=table):
+            await migrator.run(statement, dry_run=dry_run)
+            if table == outbox_tables.OUTBOX:
+                await migrator.run(outbox_tables.uow_index_statement(quote), dry_run=dry_run)
+    if (
+        not dry_run
+        and await read_setting(migrator.session, migrator.compile, outbox_tables.VERSION_KEY)
+        is None
+    ):
+        await write_setting(migrator.session, migrator.compile, outbox_tables.VERSION_KEY, "0")
 
 
 async def _schema_exists(migrator: Migrator, db_schema: str) -> bool:

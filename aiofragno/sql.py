@@ -206,6 +206,14 @@ def sql(template: str, /, **params: Any) -> Fragment:
     return Fragment(tuple(part for part in parts if part != ""))
 
 
+def sql_using(template: str, /, **params: Any) -> Fragment:
+    """:func:`sql` given only the parameters ``template`` names — for templates
+    that draw on one shared table of names (internal queries)."""
+    holes, _ = _parse(template)
+    used = {hole.name for hole in holes}
+    return sql(template, **{name: value for name, value in params.items() if name in used})
+
+
 Encoder = Callable[[Any], Any]
 
 

@@ -106,6 +106,8 @@ class Options:
     """How long opening one connection may take."""
     command_timeout: float | None = None
     """Per-statement limit (PostgreSQL, MySQL), None for none."""
+    outbox: bool = False
+    """Write an outbox entry with every unit of work that changes data."""
     pre_ping: bool = False
     """Check an idle connection with a round trip before handing it out."""
     max_lifetime: float | None = 3600.0
@@ -153,8 +155,9 @@ class Options:
                 raise ValidationError(f"{spec.name} must be a positive number, got {value!r}")
         _check_choice("sqlite_timestamps", self.sqlite_timestamps, ("epoch-ms", "iso-text"))
         _check_choice("naive_datetimes", self.naive_datetimes, ("reject", "utc"))
-        if not isinstance(self.pre_ping, bool):
-            raise ValidationError(f"pre_ping must be a bool, got {self.pre_ping!r}")
+        for flag in ("pre_ping", "outbox"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValidationError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:

@@ -51,6 +51,7 @@ ADAPTER = DialectAdapter(
             "timestamp": "datetime(6)",
             "external_id": "varchar(64)",
             "reference": "bigint",
+            "versionstamp": 'char(24)',
             "version": "int",
         },
         primary_key="bigint NOT NULL AUTO_INCREMENT PRIMARY KEY",

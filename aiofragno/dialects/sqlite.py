@@ -82,6 +82,7 @@ _BASE = DialectAdapter(
             "timestamp": "integer",
             "external_id": "text",
             "reference": "integer",
+            "versionstamp": 'text',
             "version": "integer",
         },
         # An alias of the rowid: a 64-bit key without extra storage.

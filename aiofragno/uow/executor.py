@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .. import runtime
 from ..driver import CompiledQuery, IsolationLevel, QueryResult
 from ..errors import ConcurrencyConflict, TransactionConflict
+from ..outbox.writer import write_entry
 from ..schema import new_external_id
 from ..session import CLEANUP_TIMEOUT, Session
 from .catalog import Catalog
-from .ops import MutationOp
 from .retry import ExponentialBackoff, RetryPolicy
 from .unit import UnitOfWork
 
@@ -60,21 +60,34 @@ async def run_reads(db: Database, queries: Sequence[CompiledQuery]) -> list[Quer
 
 async def run_mutations(
     db: Database,
-    mutations: list[MutationOp],
+    uow: UnitOfWork,
+    catalog: Catalog,
     isolation: IsolationLevel | None,
     notify: Callable[[CompiledQuery], Any],
 ) -> None:
-    """The mutation phase: every write in one transaction, or none."""
+    """The mutation phase: every write in one transaction, or none; with the
+    outbox on, the unit's outbox entry is written last in the same transaction."""
     session = await db.checkout()
     try:
         await session.begin(isolation)
         try:
-            for op in mutations:
+            for op in uow.mutations:
                 notify(op.query)
                 if op.conflicted(await session.execute(op.query)):
                     raise _Conflict(
                         f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
                     )
+            if db.options.outbox:
+                uow.versionstamp = await write_entry(
+                    session,
+                    db.compile,
+                    db.adapter,
+                    db.codec,
+                    uow_id=uow.uow_id,
+                    schema=catalog.layout.schema.name,
+                    namespace=catalog.layout.namespace,
+                    ops=uow.mutations,
+                )
             await session.commit()
         except BaseException:
             await _rollback(session)
@@ -124,7 +137,7 @@ async def execute_uow(
             return value
         try:
             await _call(hooks.before_mutation, uow)
-            await run_mutations(db, uow.mutations, isolation, notify)
+            await run_mutations(db, uow, catalog, isolation, notify)
         except (_Conflict, TransactionConflict, ConcurrencyConflict) as conflict:
             await _call(hooks.on_conflict, uow, conflict)
             delay = policy.delay(attempt)

@@ -228,7 +228,10 @@ class Count(RetrievalOp):
 
     def compile(self, catalog: Catalog) -> CompiledQuery:
         return compile_cached(
-            catalog, self.table, ("count", None if self.where is None else self.where.shape()), self.render
+            catalog,
+            self.table,
+            ("count", None if self.where is None else self.where.shape()),
+            self.render,
         )
 
     def accept(self, result: QueryResult) -> None:

@@ -42,6 +42,8 @@ class UnitOfWork:
         self._on_query = on_query
         self._reads: list[RetrievalOp] = []
         self.mutations: list[MutationOp] = []
+        # The outbox entry's versionstamp once the mutation phase committed.
+        self.versionstamp: str | None = None
 
     # -- retrieval ---------------------------------------------------------
 

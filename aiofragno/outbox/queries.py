@@ -1,0 +1,47 @@
+"""The outbox's shared queries."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import ValidationError
+from ..sql import Fragment, Identifier, sql
+from .entry import OutboxEntry, entry_from_row
+from .tables import OUTBOX_ID
+
+if TYPE_CHECKING:
+    from ..database import Database
+    from ..session import Queries
+
+MAX_LIMIT = 10_000
+COLUMNS = Fragment.join(
+    [
+        sql("{c}", c=Identifier(c))
+        for c in ("versionstamp", "uow_id", "payload", "ref_map", "created_at")
+    ]
+)
+
+
+def check_limit(limit: object) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
+        raise ValidationError(f"limit must be an int in 1..{MAX_LIMIT}, got {limit!r}")
+    return limit
+
+
+async def read_entries(
+    db: Database, queries: Queries, after: str | None, limit: int
+) -> list[OutboxEntry]:
+    """Up to ``limit`` entries after ``after``, through ``queries`` (the
+    Database, or a transaction)."""
+    vs = Identifier("versionstamp")
+    where = sql("") if after is None else sql("WHERE {vs} > {after}", vs=vs, after=after)
+    query = sql(
+        "SELECT {cols} FROM {t} {where} ORDER BY {vs} LIMIT {n}",
+        cols=COLUMNS,
+        t=OUTBOX_ID,
+        where=where,
+        vs=vs,
+        n=limit,
+    )
+    decode = db.codec.decoder("timestamp")
+    return [entry_from_row(row._values, decode) for row in await queries.fetch(query)]

@@ -1,0 +1,126 @@
+"""Writing the outbox entry of a unit, inside its mutation transaction.
+
+The version is reserved last, just before COMMIT, from a counter row in the
+settings table. Every writer updates that one row, so each holds its lock from
+the reservation until it commits: versions are handed out in commit order and a
+rolled-back reservation is undone with its transaction — no gaps, and a reader
+polling ``versionstamp > cursor`` never skips an entry that commits later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import tagged_json
+from ..codec import ValueCodec, utc_now
+from ..driver import CompiledQuery, DialectAdapter
+from ..migrate import SETTINGS_TABLE
+from ..session import Session
+from ..sql import Identifier, sql
+from ..uow.ops import Check, MutationOp
+from .tables import OUTBOX_ID, VERSION_KEY
+from .versionstamp import versionstamp
+
+Compile = Callable[[Any], CompiledQuery]
+
+_RESERVE = {
+    "insert-on-conflict-returning": (
+        "INSERT INTO {t} ({k}, {v}) VALUES ({key}, '1') ON CONFLICT ({k}) "
+        "DO UPDATE SET {v} = CAST(CAST({t}.{v} AS BIGINT) + 1 AS TEXT) RETURNING {v}"
+    ),
+    "insert-on-duplicate-last-insert-id": (
+        "INSERT INTO {t} ({k}, {v}) VALUES ({key}, '1') "
+        "ON DUPLICATE KEY UPDATE {v} = LAST_INSERT_ID(CAST({v} AS UNSIGNED) + 1)"
+    ),
+}
+
+
+async def reserve_version(session: Session, compile: Compile, adapter: DialectAdapter) -> int:
+    """The next outbox version; its row lock is held until the transaction ends."""
+    names = {"t": Identifier(SETTINGS_TABLE), "k": Identifier("key"), "v": Identifier("value")}
+    strategy = adapter.outbox_version_strategy
+    result = await session.execute(compile(sql(_RESERVE[strategy], **names, key=VERSION_KEY)))
+    if result.rows:
+        return int(next(iter(result.rows[0].values())))
+    if result.insert_id:  # MySQL reports LAST_INSERT_ID(expr) in the OK packet
+        return int(result.insert_id)
+    last = await session.execute(compile(sql("SELECT LAST_INSERT_ID() AS v")))
+    return int(last.rows[0]["v"])
+
+
+def _plain(value: Any) -> Any:
+    # A RowId travels as its external id.
+    return str(value) if isinstance(value, str) else value
+
+
+def describe(
+    schema: str, namespace: str, ops: Sequence[MutationOp], version: int
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The payload's mutations and the ref_map ("<index>.<column>" -> external
+    id of the referenced row). References are always known by external id on
+    our side (a RowId is its external id, even one created earlier in the
+    unit), so the map needs no lookup."""
+    mutations: list[dict[str, Any]] = []
+    ref_map: dict[str, str] = {}
+    for op in ops:
+        index = len(mutations)
+        entry: dict[str, Any] = {
+            "op": op.op,
+            "schema": schema,
+            "namespace": namespace,
+            "table": op.table.name,
+            "external_id": str(op.target),
+            "versionstamp": versionstamp(version, index),
+        }
+        values = getattr(op, "values", None)
+        if values is not None:
+            for column, value in values.items():
+                info = op.table.columns[column]
+                if info.target is not None and value is not None:
+                    ref_map[f"{index}.{column}"] = str(value)
+            entry["values" if op.op == "create" else "set"] = {
+                k: _plain(v) for k, v in values.items()
+            }
+        if op.checked:
+            entry["check_version"] = getattr(op.target, "version", None)
+        mutations.append(entry)
+    return mutations, ref_map
+
+
+async def write_entry(
+    session: Session,
+    compile: Compile,
+    adapter: DialectAdapter,
+    codec: ValueCodec,
+    *,
+    uow_id: str,
+    schema: str,
+    namespace: str,
+    ops: Sequence[MutationOp],
+) -> str | None:
+    """Write the unit's outbox row; returns its versionstamp, or None when the
+    unit has no write worth an entry (only checks)."""
+    writes = [op for op in ops if not isinstance(op, Check)]
+    if not writes:
+        return None
+    version = await reserve_version(session, compile, adapter)
+    mutations, ref_map = describe(schema, namespace, writes, version)
+    stamp = versionstamp(version)
+    created = codec.encoder("timestamp")(utc_now())
+    insert = sql(
+        "INSERT INTO {t} ({vs}, {u}, {p}, {r}, {c}) VALUES ({stamp}, {uow}, {payload}, {refs}, {created})",
+        t=OUTBOX_ID,
+        vs=Identifier("versionstamp"),
+        u=Identifier("uow_id"),
+        p=Identifier("payload"),
+        r=Identifier("ref_map"),
+        c=Identifier("created_at"),
+        stamp=stamp,
+        uow=uow_id,
+        payload=tagged_json.dumps({"version": 1, "mutations": mutations}),
+        refs=tagged_json.dumps(ref_map) if ref_map else None,
+        created=created,
+    )
+    await session.execute(compile(insert))
+    return stamp

@@ -71,6 +71,11 @@ class Database(Queries):
         return self.dialect.name
 
     @property
+    def pool_size(self) -> int:
+        """Most connections this Database opens at once."""
+        return self._driver.pool_size
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

@@ -191,6 +191,11 @@ class Connection(Protocol):
 class Driver(Protocol):
     """Hands out connections and runs transactions on them."""
 
+    @property
+    def pool_size(self) -> int:
+        """Most connections open at once."""
+        ...
+
     async def init(self) -> None:
         """Prepare the driver (e.g. open the pool's first connection, so a bad
         URL or a dead server fails at ``connect`` time)."""

@@ -156,6 +156,10 @@ class PooledDriver:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
+    @property
+    def pool_size(self) -> int:
+        return self.pool.size
+
     async def init(self) -> None:
         await self.release_connection(await self.acquire_connection())
 

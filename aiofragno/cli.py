@@ -1,0 +1,245 @@
+"""The ``aiofragno`` command.
+
+    aiofragno demo [--url URL] [--units N] [--concurrency C]
+    aiofragno migrate --url URL module:attr [--namespace NS] [--dry-run]
+    aiofragno outbox tail --url URL [--after VS] [--follow]
+    aiofragno outbox consumers --url URL
+    aiofragno doctor --url URL
+
+``--url`` defaults to ``$AIOFRAGNO_URL``. Errors print one line on stderr and
+exit with status 1 (``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from . import tagged_json
+from .database import Database, connect
+from .errors import Error
+from .outbox.tables import CONSUMERS_ID, DEAD_LETTERS_ID
+from .outbox.versionstamp import check_versionstamp
+from .schema import Schema
+from .sql import Identifier, sql
+
+
+class UsageError(Exception):
+    """A mistake on the command line."""
+
+
+def _url(args: argparse.Namespace) -> str:
+    url: str | None = args.url or os.environ.get("AIOFRAGNO_URL")
+    if not url:
+        raise UsageError("no database URL: pass --url or set AIOFRAGNO_URL")
+    return url
+
+
+def load_schema(target: str) -> Schema:
+    """``module:attr`` -> the Schema it names."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"expected module:attr naming a Schema, got {target!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import module {module_name!r}: {exc}") from exc
+    schema = getattr(module, attr, None)
+    if not isinstance(schema, Schema):
+        found = "nothing" if schema is None else type(schema).__name__
+        raise UsageError(f"{target} is not an af.Schema (found {found})")
+    return schema
+
+
+async def cmd_migrate(args: argparse.Namespace) -> None:
+    schema = load_schema(args.schema)
+    async with connect(_url(args)) as db:
+        result = await db.migrate(schema, namespace=args.namespace, dry_run=args.dry_run)
+    for statement in result.statements:
+        print(statement.rstrip() + ";")
+    verb = "would be" if args.dry_run else "now at"
+    print(
+        f"-- namespace {result.namespace}: schema version {verb} {result.version}", file=sys.stderr
+    )
+
+
+def _entry_json(entry: Any) -> str:
+    return tagged_json.dumps(
+        {
+            "versionstamp": entry.versionstamp,
+            "uow_id": entry.uow_id,
+            "created_at": entry.created_at,
+            "payload": entry.payload,
+            "ref_map": entry.ref_map,
+        }
+    )
+
+
+async def cmd_outbox_tail(args: argparse.Namespace) -> None:
+    after = None if args.after is None else check_versionstamp(args.after, "--after")
+    async with connect(_url(args)) as db:
+        if args.follow:
+            async for entry in db.outbox.tail(after=after, poll_interval=args.poll):
+                print(_entry_json(entry), flush=True)
+            return
+        while True:
+            entries = await db.outbox.list(after=after, limit=1000)
+            for entry in entries:
+                print(_entry_json(entry))
+            if len(entries) < 1000:
+                return
+            after = entries[-1].versionstamp
+
+
+async def cmd_outbox_consumers(args: argparse.Namespace) -> None:
+    async with connect(_url(args)) as db:
+        names = [
+            row["name"]
+            for row in await db.fetch(
+                sql("SELECT {n} FROM {t} ORDER BY {n}", n=Identifier("name"), t=CONSUMERS_ID)
+            )
+        ]
+        letters = await db.fetch(
+            sql(
+                "SELECT {c} AS consumer, COUNT(*) AS n FROM {t} GROUP BY {c}",
+                c=Identifier("consumer"),
+                t=DEAD_LETTERS_ID,
+            )
+        )
+        dead = {row["consumer"]: int(row["n"]) for row in letters}
+        latest = await db.outbox.latest()
+        print(json.dumps({"latest": latest}))
+        for name in names:
+            consumer = db.outbox.consumer(name)
+            report = {
+                "consumer": name,
+                "cursor": await consumer.position(),
+                "lag": await consumer.lag(),
+                "dead_letters": dead.get(name, 0),
+            }
+            print(json.dumps(report))
+
+
+async def cmd_doctor(args: argparse.Namespace) -> None:
+    async with connect(_url(args)) as db:
+        await doctor(db)
+
+
+async def doctor(db: Database) -> None:
+    version_sql = "SELECT sqlite_version()" if db.name == "sqlite" else "SELECT version()"
+    report: dict[str, Any] = {
+        "url": db.url.describe(),
+        "backend": db.backend,
+        "healthy": await db.is_healthy(),
+        "server_version": await db.fetch_value(db.raw(version_sql)),
+        "server_time": (await db.now()).isoformat(),
+    }
+    adapter = db.adapter
+    report["capabilities"] = {
+        name: getattr(adapter, name)
+        for name in (
+            "supports_returning",
+            "supports_json",
+            "reports_affected_rows",
+            "supports_transactional_ddl",
+            "supports_skip_locked",
+            "supports_advisory_locks",
+            "outbox_version_strategy",
+            "default_naming",
+        )
+    }
+    options = db.options
+    report["pool"] = {
+        "pool_size": db.pool_size,
+        "acquire_timeout": options.acquire_timeout,
+        "pre_ping": options.pre_ping,
+        "max_lifetime": options.max_lifetime,
+        "max_idle": options.max_idle,
+    }
+    report["schema_versions"] = await _schema_versions(db)
+    print(json.dumps(report, indent=2, default=str))
+
+
+async def _schema_versions(db: Database) -> dict[str, str]:
+    try:
+        rows = await db.fetch(
+            sql(
+                "SELECT {k} AS k, {v} AS v FROM fragno_db_settings",
+                k=Identifier("key"),
+                v=Identifier("value"),
+            )
+        )
+    except Error:
+        return {}  # never migrated: no settings table yet
+    suffix = ".schema_version"
+    return {r["k"][: -len(suffix)]: r["v"] for r in rows if r["k"].endswith(suffix)}
+
+
+async def cmd_demo(args: argparse.Namespace) -> None:
+    from .demo import run_demo
+
+    await run_demo(
+        args.url or os.environ.get("AIOFRAGNO_URL"), units=args.units, concurrency=args.concurrency
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiofragno", description="aiofragno: async database layer"
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--runtime", choices=["asyncio", "trio"], default="asyncio")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(
+        name: str, handler: Any, help: str, parent: Any = commands
+    ) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = parent.add_parser(name, help=help)
+        sub.set_defaults(handler=handler)
+        sub.add_argument("--url", help="database URL (default: $AIOFRAGNO_URL)")
+        return sub
+
+    demo = command("demo", cmd_demo, "a tour: schema, migration, concurrent transfers, outbox")
+    demo.add_argument("--units", type=int, default=400)
+    demo.add_argument("--concurrency", type=int, default=16)
+    migrate = command("migrate", cmd_migrate, "create or extend a schema's tables")
+    migrate.add_argument("schema", help="module:attr of an af.Schema")
+    migrate.add_argument("--namespace")
+    migrate.add_argument("--dry-run", action="store_true", help="print the SQL, change nothing")
+    outbox = commands.add_parser("outbox", help="read the outbox").add_subparsers(
+        dest="outbox_command", required=True
+    )
+    tail = command("tail", cmd_outbox_tail, "print entries as JSON lines", outbox)
+    tail.add_argument("--after", help="start after this versionstamp")
+    tail.add_argument("--follow", action="store_true", help="keep waiting for new entries")
+    tail.add_argument("--poll", type=float, default=0.5)
+    command("consumers", cmd_outbox_consumers, "cursor, lag and dead letters per consumer", outbox)
+    command("doctor", cmd_doctor, "connectivity, versions, capabilities, pool settings")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        anyio.run(args.handler, args, backend=args.runtime)
+    except KeyboardInterrupt:
+        return 130
+    except (Error, UsageError, OSError) as exc:
+        if args.debug:
+            raise
+        print(f"aiofragno: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,7 +18,14 @@ from .driver import (
     IsolationLevel,
     QueryResult,
 )
-from .errors import ConnectionLost, DatabaseClosed, DatabaseUnavailable, Error, ValidationError
+from .errors import (
+    ConnectionLost,
+    DatabaseClosed,
+    DatabaseUnavailable,
+    Error,
+    QueryCanceled,
+    ValidationError,
+)
 from .migrate import Ddl, MigrationResult
 from .migrate import migrate as run_migration
 from .naming import Layout, resolve_naming
@@ -278,7 +285,9 @@ class Database(Queries):
 
     def _unavailable(self, exc: Exception) -> Error:
         error = self.dialect.translate_error(exc)
-        if isinstance(error, ConnectionLost | DatabaseUnavailable):
+        # Failing to connect in time is the server being unavailable, whatever
+        # the driver calls it.
+        if isinstance(error, ConnectionLost | DatabaseUnavailable | QueryCanceled):
             return DatabaseUnavailable(
                 f"cannot connect to {self.url.describe()}: {exc or type(exc).__name__}; "
                 "check that the server is running and the URL is right",

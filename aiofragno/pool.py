@@ -198,6 +198,8 @@ class PooledDialect:
     connect: Connector
     options: Options
     pool_size: int
+    # False for SQLite :memory:, whose data lives only as long as its connection.
+    recycle: bool = True
 
     def create_driver(self) -> PooledDriver:
         options = self.options
@@ -206,8 +208,8 @@ class PooledDialect:
                 self.connect,
                 size=self.pool_size,
                 acquire_timeout=options.acquire_timeout,
-                max_lifetime=options.max_lifetime,
-                max_idle=options.max_idle,
+                max_lifetime=options.max_lifetime if self.recycle else None,
+                max_idle=options.max_idle if self.recycle else None,
                 pre_ping=options.pre_ping,
             )
         )

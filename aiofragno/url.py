@@ -51,7 +51,10 @@ class DatabaseURL:
             return f"sqlite:///{self.database or ':memory:'}"
         user = f"{self.username}@" if self.username else ""
         port = f":{self.port}" if self.port else ""
-        return f"{self.dialect}://{user}{self.host or 'localhost'}{port}/{self.database}"
+        host = self.host or "localhost"
+        if ":" in host:
+            host = f"[{host}]"  # IPv6
+        return f"{self.dialect}://{user}{host}{port}/{self.database}"
 
 
 def parse_url(url: str) -> DatabaseURL:
@@ -60,6 +63,16 @@ def parse_url(url: str) -> DatabaseURL:
             f"bad database URL {url!r}: expected e.g. 'sqlite:///app.db', "
             "'postgresql://user@host/db' or 'mysql://user:pw@host/db'"
         )
+    try:
+        return _parse(url)
+    except ValueError as exc:  # urllib's complaints (bad IPv6 host, bad port)
+        if isinstance(exc, ValidationError):
+            raise
+        what = "port" if "port" in str(exc).lower() else "address"
+        raise ValidationError(f"bad {what} in database URL {url!r}: {exc}") from None
+
+
+def _parse(url: str) -> DatabaseURL:
     parts = urlsplit(url)
     scheme, _, backend = parts.scheme.partition("+")
     dialect = _SCHEMES.get(scheme.lower())
@@ -75,10 +88,9 @@ def parse_url(url: str) -> DatabaseURL:
                 "sqlite:////absolute/path.db or sqlite:///:memory:"
             )
         return DatabaseURL("sqlite", backend or None, database=unquote(parts.path[1:]), query=query)
-    try:
-        port = parts.port
-    except ValueError as exc:
-        raise ValidationError(f"bad port in database URL: {exc}") from None
+    port = parts.port
+    if port == 0:
+        raise ValidationError(f"bad port in database URL {url!r}: 0")
     return DatabaseURL(
         dialect,
         backend or None,
@@ -147,11 +159,9 @@ class Options:
         for spec in fields(self):
             value = getattr(self, spec.name)
             is_number = isinstance(value, int | float) and not isinstance(value, bool)
-            if (
-                spec.type.startswith("float")
-                and value is not None
-                and not (is_number and value > 0)
-            ):
+            if not spec.type.startswith("float") or (value is None and spec.type.endswith("None")):
+                continue
+            if not (is_number and value > 0):
                 raise ValidationError(f"{spec.name} must be a positive number, got {value!r}")
         _check_choice("sqlite_timestamps", self.sqlite_timestamps, ("epoch-ms", "iso-text"))
         _check_choice("naive_datetimes", self.naive_datetimes, ("reject", "utc"))

@@ -47,7 +47,9 @@ TARGETS = [
     Target("trio", "sqlite", "sqlite", "sqlite3"),
     Target("asyncio", "aiosqlite", "sqlite", "aiosqlite"),
     Target("asyncio", "asyncpg", "postgresql", "asyncpg"),
+    Target("trio", "asyncpg", "postgresql", "asyncpg"),
     Target("asyncio", "asyncmy", "mysql", "asyncmy"),
+    Target("trio", "asyncmy", "mysql", "asyncmy"),
 ]
 
 
@@ -106,6 +108,13 @@ def require_target(target: Target) -> None:
     if target.dialect in required_dialects():
         pytest.fail(f"{reason}; AIOFRAGNO_REQUIRE_BACKENDS requires {target.dialect}")
     pytest.skip(reason)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Replaced by the parametrization below (every selected runtime); a plain
+    fixture here so that it does not clash with anyio's own."""
+    return "asyncio"
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -7,6 +7,7 @@ Statements outside a transaction autocommit; ``begin`` opens an explicit one.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -113,19 +114,9 @@ class AsyncmyConnection:
 
 def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
     async def connect() -> AsyncmyConnection:
-        raw = await asyncmy.connect(
-            host=url.host or "localhost",
-            port=url.port or 3306,
-            user=url.username or "root",
-            password=url.password or "",
-            database=url.database or None,
-            charset="utf8mb4",
-            autocommit=True,
-            client_flag=CLIENT.FOUND_ROWS,
-            connect_timeout=options.connect_timeout,
-            read_timeout=options.command_timeout,
-            init_command=mysql.SESSION_SQL,
-        )
+        # asyncmy's connect_timeout covers the TCP connect only, not the handshake.
+        async with asyncio.timeout(options.connect_timeout):
+            raw = await _open(url, options)
         return AsyncmyConnection(raw)
 
     return PooledDialect(
@@ -136,4 +127,20 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         connect=connect,
         options=options,
         pool_size=options.pool_size,
+    )
+
+
+async def _open(url: DatabaseURL, options: Options) -> Any:
+    return await asyncmy.connect(
+        host=url.host or "localhost",
+        port=url.port or 3306,
+        user=url.username or "root",
+        password=url.password or "",
+        database=url.database or None,
+        charset="utf8mb4",
+        autocommit=True,
+        client_flag=CLIENT.FOUND_ROWS,
+        connect_timeout=options.connect_timeout,
+        read_timeout=options.command_timeout,
+        init_command=mysql.SESSION_SQL,
     )

@@ -8,7 +8,14 @@ import asyncpg
 
 from ..dialects import postgresql
 from ..driver import CompiledQuery, IsolationLevel, QueryResult, Row, column_index
-from ..errors import ConnectionLost, DatabaseUnavailable, ErrorTable, QueryCanceled, ValidationError
+from ..errors import (
+    ConnectionLost,
+    DatabaseUnavailable,
+    ErrorTable,
+    ProgrammingError,
+    QueryCanceled,
+    ValidationError,
+)
 from ..pool import PooledDialect
 from ..url import DatabaseURL, Options
 
@@ -19,15 +26,23 @@ ERRORS = ErrorTable(
         (asyncpg.exceptions.ConnectionDoesNotExistError, ConnectionLost),
         (asyncpg.exceptions.ConnectionFailureError, ConnectionLost),
         (asyncpg.exceptions.CannotConnectNowError, DatabaseUnavailable),
-        # Client-side: a value the column's type cannot take (caught before sending).
-        (asyncpg.exceptions.DataError, ValidationError),
-        # "connection is closed" and friends: the connection is gone.
+        # "connection is closed" and friends (other InterfaceErrors: see translate).
         (asyncpg.exceptions.InterfaceError, ConnectionLost),
         (TimeoutError, QueryCanceled),
         (ConnectionRefusedError, DatabaseUnavailable),
         (OSError, ConnectionLost),
     ],
 )
+
+
+def translate(exc: BaseException) -> Exception:
+    message = str(exc)
+    # asyncpg checks arguments against the prepared statement before sending.
+    if "invalid input for query argument" in message:
+        return ValidationError(message)
+    if isinstance(exc, asyncpg.exceptions.InterfaceError) and "closed" not in message:
+        return ProgrammingError(message)  # e.g. wrong number of arguments
+    return ERRORS.translate(exc, getattr(exc, "sqlstate", None))
 
 
 def _rows_affected(status: bytes, returned: int) -> int:
@@ -106,7 +121,7 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         name="postgresql",
         adapter=postgresql.ADAPTER,
         compiler=postgresql.create_compiler,
-        translate=lambda exc: ERRORS.translate(exc, getattr(exc, "sqlstate", None)),
+        translate=translate,
         connect=connect,
         options=options,
         pool_size=options.pool_size,

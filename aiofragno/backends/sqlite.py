@@ -71,4 +71,5 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         connect=connect,
         options=options,
         pool_size=sqlite.pool_size(url, options),
+        recycle=not url.is_memory,
     )

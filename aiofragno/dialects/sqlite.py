@@ -34,6 +34,7 @@ from ..driver import (
 )
 from ..errors import (
     CheckViolation,
+    ConnectionLost,
     DatabaseUnavailable,
     DataError,
     Error,
@@ -82,7 +83,7 @@ _BASE = DialectAdapter(
             "timestamp": "integer",
             "external_id": "text",
             "reference": "integer",
-            "versionstamp": 'text',
+            "versionstamp": "text",
             "version": "integer",
         },
         # An alias of the rowid: a 64-bit key without extra storage.
@@ -162,6 +163,8 @@ ERRORS = ErrorTable(
 
 
 def translate_error(exc: BaseException) -> Exception:
+    if isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc):
+        return ConnectionLost(str(exc))
     code = getattr(exc, "sqlite_errorcode", None)
     return ERRORS.translate(exc, None if code is None else str(code))
 
@@ -217,7 +220,13 @@ class SqliteConnection:
 
     @property
     def is_closed(self) -> bool:
-        return self._closed
+        if self._closed:
+            return True
+        try:
+            self._raw.total_changes  # noqa: B018  (raises once sqlite3 closed it)
+        except (sqlite3.ProgrammingError, ValueError):
+            return True
+        return False
 
     async def _run(self, sql: str, parameters: Sequence[Any]) -> Outcome:
         """Execute in sqlite3's thread: (description, rows, rowcount, lastrowid)."""

@@ -30,6 +30,7 @@ from .migrate import Ddl, MigrationResult
 from .migrate import migrate as run_migration
 from .naming import Layout, resolve_naming
 from .outbox import OutboxReader
+from .resilience import Deadline, retry_read
 from .schema import Schema, _check_name
 from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
 from .sql import Fragment
@@ -210,7 +211,7 @@ class Database(Queries):
             return False
         with runtime.move_on_after(self.options.connect_timeout):
             try:
-                session = await self.checkout()
+                session = await self.checkout(wait=False)
                 try:
                     await session.connection.ping()
                     return True
@@ -245,22 +246,35 @@ class Database(Queries):
         if tx is not None:
             return await tx.execute(query)
         compiled = self.compiler.compile(query)
+        if _is_select(compiled.sql):
+            return await retry_read(
+                self.options.reconnect_deadline, lambda: self._execute(compiled)
+            )
+        return await self._execute(compiled)
+
+    async def _execute(self, compiled: CompiledQuery) -> QueryResult:
         session = await self.checkout()
         try:
             return await session.execute(compiled)
         finally:
             await self.checkin(session)
 
-    async def checkout(self) -> Session:
-        """A connection from the pool, wrapped in a :class:`Session`."""
-        self._check_open()
-        try:
-            connection = await self._driver.acquire_connection()
-        except Error:
-            raise
-        except Exception as exc:
-            raise self._unavailable(exc) from exc
-        return Session(self._driver, connection, self.dialect.translate_error)
+    async def checkout(self, *, wait: bool = True) -> Session:
+        """A connection from the pool, wrapped in a :class:`Session`. While the
+        server is unreachable, retries until ``reconnect_deadline`` (``wait``)."""
+        deadline = Deadline(self.options.reconnect_deadline if wait else None)
+        while True:
+            self._check_open()
+            try:
+                connection = await self._driver.acquire_connection()
+            except Error:
+                raise
+            except Exception as exc:
+                error = self._unavailable(exc)
+                if not isinstance(error, DatabaseUnavailable) or not await deadline.wait():
+                    raise error from exc
+                continue
+            return Session(self._driver, connection, self.dialect.translate_error)
 
     async def checkin(self, session: Session) -> None:
         """Return ``session``'s connection: reset it if an operation was
@@ -299,6 +313,12 @@ class Database(Queries):
     def _check_open(self) -> None:
         if self._closed:
             raise DatabaseClosed(f"{self!r} is closed; open a new one with af.connect()")
+
+
+def _is_select(sql: str) -> bool:
+    # Only plain SELECTs are retried after a lost connection: anything else
+    # (INSERT ... RETURNING through fetch, say) might have taken effect.
+    return sql.lstrip()[:6].lower() == "select"
 
 
 class Connect:

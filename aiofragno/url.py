@@ -120,6 +120,9 @@ class Options:
     """Per-statement limit (PostgreSQL, MySQL), None for none."""
     outbox: bool = False
     """Write an outbox entry with every unit of work that changes data."""
+    reconnect_deadline: float | None = 30.0
+    """While the server cannot be reached, how long new work waits (retrying
+    with backoff) before :class:`DatabaseUnavailable`; None: do not wait."""
     pre_ping: bool = False
     """Check an idle connection with a round trip before handing it out."""
     max_lifetime: float | None = 3600.0

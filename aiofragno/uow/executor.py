@@ -10,11 +10,22 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import runtime
 from ..driver import CompiledQuery, IsolationLevel, QueryResult
-from ..errors import ConcurrencyConflict, TransactionConflict
+from ..errors import (
+    CommitOutcomeUnknown,
+    ConcurrencyConflict,
+    ConnectionLost,
+    DatabaseUnavailable,
+    TransactionConflict,
+)
+from ..migrate import SETTINGS_TABLE
+from ..outbox.tables import VERSION_KEY
 from ..outbox.writer import write_entry
+from ..resilience import Deadline, retry_read
 from ..schema import new_external_id
 from ..session import CLEANUP_TIMEOUT, Session
+from ..sql import Identifier, sql
 from .catalog import Catalog
+from .ops import Check
 from .retry import ExponentialBackoff, RetryPolicy
 from .unit import UnitOfWork
 
@@ -50,12 +61,40 @@ async def _call(hook: Callable[..., Any] | None, *args: Any) -> None:
 
 
 async def run_reads(db: Database, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
-    """The retrieval phase's reads, in order, on one connection."""
-    session = await db.checkout()
-    try:
-        return [await session.execute(query) for query in queries]
-    finally:
-        await db.checkin(session)
+    """The retrieval phase's reads, in order, on one connection — all again on
+    a fresh connection if that one is lost (reads have no effects)."""
+
+    async def read_all() -> list[QueryResult]:
+        session = await db.checkout()
+        try:
+            return [await session.execute(query) for query in queries]
+        finally:
+            await db.checkin(session)
+
+    return await retry_read(db.options.reconnect_deadline, read_all)
+
+
+async def committed(db: Database, uow: UnitOfWork) -> bool:
+    """Whether ``uow``'s mutation phase committed, after its connection broke
+    during COMMIT: its outbox entry exists. The counter row is locked first, so
+    a commit still in flight on the server finishes (or aborts) before we look."""
+    counter = sql(
+        "SELECT {v} FROM {t} WHERE {k} = {key}" + db.adapter.row_share_lock,
+        v=Identifier("value"),
+        t=Identifier(SETTINGS_TABLE),
+        k=Identifier("key"),
+        key=VERSION_KEY,
+    )
+
+    async def look() -> bool:
+        async with db.transaction() as tx:
+            await tx.fetch(counter)
+            entry = await db.outbox.find(uow.uow_id)
+        if entry is not None:
+            uow.versionstamp = entry.versionstamp
+        return entry is not None
+
+    return await retry_read(db.options.reconnect_deadline, look)
 
 
 async def run_mutations(
@@ -123,6 +162,7 @@ async def execute_uow(
     hooks = hooks or UowHooks()
     notify = on_query or (lambda query: None)
     attempt = 0
+    lost = Deadline(db.options.reconnect_deadline)
     while True:
         attempt += 1
         uow = UnitOfWork(
@@ -147,6 +187,22 @@ async def execute_uow(
                     attempts=attempt,
                 ) from conflict
             await runtime.sleep(delay)
+            continue
+        except CommitOutcomeUnknown:
+            # Without writes the commit changed nothing; with the outbox on, the
+            # unit's entry tells whether it committed. Otherwise we cannot know,
+            # and re-running could apply the writes twice.
+            has_writes = any(not isinstance(op, Check) for op in uow.mutations)
+            if has_writes and not db.options.outbox:
+                raise
+            if has_writes and not await committed(db, uow):
+                if not await lost.wait():
+                    raise
+                continue
+        except (ConnectionLost, DatabaseUnavailable):
+            # Lost before COMMIT was sent: the server rolled the phase back.
+            if not await lost.wait():
+                raise
             continue
         await _call(hooks.after_mutation, uow)
         return value

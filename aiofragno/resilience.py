@@ -1,0 +1,67 @@
+"""Riding out dropped connections and server restarts — only where that is
+provably safe.
+
+* Taking a connection from the pool never sent anything, so while the server
+  is unreachable it is retried with backoff until ``reconnect_deadline``, then
+  :class:`~aiofragno.errors.DatabaseUnavailable` is raised.
+* A read (a SELECT outside a transaction, a retrieval phase) that loses its
+  connection is run again on a fresh one: reads have no effects to repeat.
+* Anything else that loses its connection raises
+  :class:`~aiofragno.errors.ConnectionLost`; the unit-of-work executor decides
+  separately whether a whole unit can be re-run (see
+  :mod:`aiofragno.uow.executor`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from . import runtime
+from .errors import CommitOutcomeUnknown, ConnectionLost, DatabaseUnavailable
+
+T = TypeVar("T")
+
+INITIAL_DELAY = 0.05
+MAX_DELAY = 1.0
+
+
+class Deadline:
+    """Backoff between attempts, until ``seconds`` have passed since the first
+    failure (None: try once)."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.started: float | None = None
+        self.delay = INITIAL_DELAY
+        self.failures = 0
+
+    async def wait(self) -> bool:
+        """Sleep before the next attempt; False when the deadline has passed."""
+        now = runtime.monotonic()
+        if self.started is None:
+            self.started = now
+        self.failures += 1
+        if self.seconds is None or now - self.started + self.delay > self.seconds:
+            return False
+        await runtime.sleep(self.delay)
+        self.delay = min(MAX_DELAY, self.delay * 2)
+        return True
+
+
+def is_retryable_loss(exc: BaseException) -> bool:
+    """A lost connection whose work certainly did not take effect."""
+    return isinstance(exc, ConnectionLost | DatabaseUnavailable) and not isinstance(
+        exc, CommitOutcomeUnknown
+    )
+
+
+async def retry_read(deadline_seconds: float | None, read: Callable[[], Awaitable[T]]) -> T:
+    """``read()``, again on a fresh connection after a lost one, until the deadline."""
+    deadline = Deadline(deadline_seconds)
+    while True:
+        try:
+            return await read()
+        except (ConnectionLost, DatabaseUnavailable) as exc:
+            if not is_retryable_loss(exc) or not await deadline.wait():
+                raise

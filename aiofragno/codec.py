@@ -80,7 +80,16 @@ def _integer(kind: str) -> Encode:
     return encode
 
 
-def _decimal(as_text: bool) -> Encode:
+def _canonical(value: Decimal) -> str:
+    """Positional text without trailing fractional zeros, so that equal values
+    have equal text (2.50 and 2.5 are both "2.5")."""
+    text = format(value, "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+def _decimal(as_text: bool, digits: tuple[int, int] | None) -> Encode:
     def encode(value: Any) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             value = Decimal(value)
@@ -89,9 +98,24 @@ def _decimal(as_text: bool) -> Encode:
             raise ValidationError(f"expected a Decimal value, got {type(value).__name__}{hint}")
         if not value.is_finite():
             raise ValidationError(f"{value} cannot be stored: decimals must be finite")
-        return str(value) if as_text else value
+        if digits is not None:
+            _check_digits(value, *digits)
+        return _canonical(value) if as_text else value
 
     return encode
+
+
+def _check_digits(value: Decimal, before: int, after: int) -> None:
+    _, figures, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    fractional = max(0, -exponent)
+    integral = max(0, len(figures) + exponent)
+    if fractional > after and any(figures[len(figures) - fractional + after :]):
+        raise ValidationError(
+            f"{value} has more than {after} digits after the point, which this database would round"
+        )
+    if integral > before and any(figures[: integral - before]):
+        raise ValidationError(f"{value} has more than {before} digits before the point")
 
 
 def _bool(as_int: bool) -> Encode:
@@ -103,8 +127,14 @@ def _bool(as_int: bool) -> Encode:
     return encode
 
 
-def _json(value: Any) -> Any:
-    return json_text(value)
+def _json(reject_nul: bool) -> Encode:
+    def encode(value: Any) -> Any:
+        text = json_text(value)
+        if reject_nul and "\\u0000" in text:
+            raise ValidationError("PostgreSQL cannot store NUL (\\u0000) in JSON text")
+        return text
+
+    return encode
 
 
 def _binary(value: Any) -> Any:
@@ -113,16 +143,25 @@ def _binary(value: Any) -> Any:
     return bytes(value)
 
 
-def _date(as_text: bool) -> Encode:
+def _refuse_infinity(value: date, low: date, high: date) -> None:
+    if value in (low, high):
+        raise ValidationError(
+            f"{value.isoformat()} cannot be stored: the driver would write it as infinity"
+        )
+
+
+def _date(as_text: bool, infinity: bool) -> Encode:
     def encode(value: Any) -> Any:
         if not isinstance(value, date) or isinstance(value, datetime):
             raise _type_error("date", value)
+        if infinity:
+            _refuse_infinity(value, date.min, date.max)
         return value.isoformat() if as_text else value
 
     return encode
 
 
-def _timestamp(storage: str, naive_as_utc: bool) -> Encode:
+def _timestamp(storage: str, naive_as_utc: bool, infinity: bool) -> Encode:
     def encode(value: Any) -> Any:
         if not isinstance(value, datetime):
             raise _type_error("datetime", value)
@@ -134,6 +173,9 @@ def _timestamp(storage: str, naive_as_utc: bool) -> Encode:
                 )
             value = value.replace(tzinfo=UTC)
         if storage == "native":
+            if infinity:
+                utc = value.astimezone(UTC).replace(tzinfo=None)
+                _refuse_infinity(utc, datetime.min, datetime.max)
             return value
         utc = value.astimezone(UTC)
         if storage == "utc-naive":
@@ -176,12 +218,14 @@ class ValueCodec:
         if kind in _INT_RANGES:
             return _integer(kind)
         factories: dict[str, Callable[[], Encode]] = {
-            "decimal": lambda: _decimal(s.decimal == "text"),
+            "decimal": lambda: _decimal(s.decimal == "text", s.decimal_digits),
             "bool": lambda: _bool(s.bool == "int"),
-            "json": lambda: _json,
+            "json": lambda: _json(s.text_rejects_nul),
             "binary": lambda: _binary,
-            "date": lambda: _date(s.date == "text"),
-            "timestamp": lambda: _timestamp(s.timestamp, self._naive_as_utc),
+            "date": lambda: _date(s.date == "text", s.extreme_dates_are_infinity),
+            "timestamp": lambda: _timestamp(
+                s.timestamp, self._naive_as_utc, s.extreme_dates_are_infinity
+            ),
         }
         if kind not in factories:
             raise ValidationError(f"unknown column type {kind!r}")

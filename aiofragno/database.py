@@ -64,6 +64,10 @@ class Database(Queries):
         self._closed = False
         self.codec = ValueCodec(self.adapter.storage, naive_datetimes=options.naive_datetimes)
         self.naming = resolve_naming(options.naming or self.adapter.default_naming)
+        if options.naming == "schema" and not self.adapter.ddl.create_schema_sql:
+            raise ValidationError(
+                f"naming='schema' needs database schemas, which {dialect.name} does not have; use 'suffix'"
+            )
         self._ddl = Ddl(self.adapter.ddl, self.compiler.quote_identifier, self.codec)
         self._layouts: dict[tuple[int, str], Layout] = {}
         self._catalogs: dict[int, Catalog] = {}
@@ -108,6 +112,11 @@ class Database(Queries):
                 raise ValidationError(f"expected an af.Schema, got {type(schema).__name__}")
             _check_name("namespace", namespace)
             layout = Layout(schema, namespace, self.naming, self.adapter.max_identifier_length)
+            if layout.db_schemas and not self.adapter.ddl.create_schema_sql:
+                raise ValidationError(
+                    f"the naming strategy puts tables in database schemas, which {self.name} "
+                    "does not have; use naming='suffix'"
+                )
             self._layouts[key] = layout
         return layout
 

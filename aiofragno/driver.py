@@ -90,6 +90,10 @@ class StorageProfile:
     text_rejects_nul: bool = False
     # Characters a "string" column holds (MySQL: varchar(255), so it can be indexed).
     string_max_chars: int | None = None
+    # (digits before, digits after the point) a decimal column holds, if limited.
+    decimal_digits: tuple[int, int] | None = None
+    # The driver turns date/datetime min and max into +-infinity (asyncpg).
+    extreme_dates_are_infinity: bool = False
     decimal: Literal["native", "text"] = "native"
     bool: Literal["native", "int"] = "native"
     date: Literal["native", "text"] = "native"

@@ -327,7 +327,8 @@ async def _record_version(
         version_text = await read_setting(session, compile, f"{ns}.schema_version")
     version = int(version_text or 0)
     fingerprint = layout.schema.fingerprint
-    if stored_hash != fingerprint or migrator.statements:
+    # Only a changed declaration is a new version: self-healing is not.
+    if stored_hash != fingerprint:
         version += 1
         if not dry_run:
             await write_setting(session, compile, f"{ns}.schema_version", str(version))

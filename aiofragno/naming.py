@@ -53,11 +53,13 @@ class SuffixNaming:
         return None, f"{table}_{namespace}"
 
     def index(self, namespace: str, table: str, index: str) -> str:
-        # SQLite index names are global to the database: include the table.
-        return f"{table}_{namespace}_{index}"
+        # Index names are global to a SQLite database: include the table. The
+        # prefix keeps them apart from the database's own (<table>_pkey), "__"
+        # (never in declared names) keeps table and index apart.
+        return f"ix_{table}_{namespace}__{index}"
 
     def foreign_key(self, namespace: str, table: str, column: str) -> str:
-        return f"fk_{table}_{namespace}_{column}"
+        return f"fk_{table}_{namespace}__{column}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +70,10 @@ class SchemaNaming:
         return namespace, table
 
     def index(self, namespace: str, table: str, index: str) -> str:
-        return f"{table}_{index}"
+        return f"ix_{table}__{index}"
 
     def foreign_key(self, namespace: str, table: str, column: str) -> str:
-        return f"fk_{table}_{column}"
+        return f"fk_{table}__{column}"
 
 
 STRATEGIES: dict[str, NamingStrategy] = {"suffix": SuffixNaming(), "schema": SchemaNaming()}

@@ -81,14 +81,23 @@ def varchar(length: int) -> VarChar:
 
 def _check_name(what: str, name: Any, where: str = "") -> None:
     place = f" in {where}" if where else ""
-    if not isinstance(name, str) or not _NAME.match(name):
-        reserved = isinstance(name, str) and name.startswith("_")
-        why = (
-            "names starting with _ are reserved for aiofragno"
-            if reserved
-            else ("use a letter, then letters, digits or _ (at most 63)")
-        )
+    if not isinstance(name, str) or not _NAME.match(name) or "__" in name:
+        if isinstance(name, str) and name.startswith("_"):
+            why = "names starting with _ are reserved for aiofragno"
+        elif isinstance(name, str) and "__" in name:
+            why = "double underscores are reserved (they separate parts of index names)"
+        else:
+            why = "use a letter, then letters, digits or _ (at most 63)"
         raise SchemaError(f"bad {what} name {name!r}{place}: {why}")
+
+
+def _check_distinct(what: str, name: str, existing: Iterable[str], where: str) -> None:
+    """Names may not differ only in case: SQLite and MySQL would take them for
+    the same one."""
+    for other in existing:
+        if other.lower() == name.lower():
+            same = "declared twice" if other == name else f"the same as {other!r} but for case"
+            raise SchemaError(f"{what} {name!r} is {same} in {where}")
 
 
 class Column:
@@ -193,8 +202,7 @@ class Table:
                 raise SchemaError(
                     f"column {item.name!r} in {where} is reserved: every table has it already"
                 )
-            if item.name in self.columns:
-                raise SchemaError(f"column {item.name!r} is declared twice in {where}")
+            _check_distinct("column", item.name, [*self.columns, "id"], where)
             self.columns[item.name] = item
         elif isinstance(item, Index):
             if item.name in self.indexes:
@@ -233,8 +241,7 @@ class Schema:
         for table in tables:
             if not isinstance(table, Table):
                 raise SchemaError(f"schema {name!r}: expected Table, got {table!r}")
-            if table.name in self.tables:
-                raise SchemaError(f"table {table.name!r} is declared twice in schema {name!r}")
+            _check_distinct("table", table.name, self.tables, f"schema {name!r}")
             self.tables[table.name] = table
         for table in self.tables.values():
             for column in table.columns.values():

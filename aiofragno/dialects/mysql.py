@@ -17,6 +17,7 @@ from ..errors import (
     NotNullViolation,
     ProgrammingError,
     QueryCanceled,
+    SerializationFailure,
     UniqueViolation,
 )
 from ..sql import Json, SqlCompiler
@@ -34,7 +35,7 @@ ADAPTER = DialectAdapter(
     max_identifier_length=64,
     now_sql="SELECT UTC_TIMESTAMP(6)",
     row_share_lock=" LOCK IN SHARE MODE",
-    storage=StorageProfile(timestamp="utc-naive", string_max_chars=255),
+    storage=StorageProfile(timestamp="utc-naive", string_max_chars=255, decimal_digits=(35, 30)),
     ddl=DdlSpec(
         types={
             # varchar(255) so that string columns can be indexed (3 per key).
@@ -55,7 +56,9 @@ ADAPTER = DialectAdapter(
             "version": "int",
         },
         primary_key="bigint NOT NULL AUTO_INCREMENT PRIMARY KEY",
-        table_options=" ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+                # Binary and NO PAD: 'a' and 'a ' are different strings, as elsewhere.
+        # (MariaDB's name; on Oracle MySQL 8 the equivalent is utf8mb4_0900_bin.)
+        table_options=" ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_nopad_bin",
         columns_sql="SELECT column_name AS name FROM information_schema.columns "
         "WHERE table_schema = COALESCE({schema}, DATABASE()) AND table_name = {table}",
         indexes_sql="SELECT DISTINCT index_name AS name FROM information_schema.statistics "
@@ -102,6 +105,7 @@ _CODES: dict[str, tuple[type[Error], str]] = {
     "3819": (CheckViolation, "HY000"),  # MySQL CHECK
     "4025": (CheckViolation, "23000"),  # MariaDB CHECK
     "1213": (DeadlockDetected, "40001"),
+    "1020": (SerializationFailure, "40001"),  # MariaDB 11.6+: record changed since last read
     "1205": (LockTimeout, "HY000"),
     "1064": (ProgrammingError, "42000"),
     "1146": (ProgrammingError, "42S02"),

@@ -36,7 +36,7 @@ ADAPTER = DialectAdapter(
     max_identifier_length=63,
     now_sql="SELECT clock_timestamp()",
     row_share_lock=" FOR SHARE",
-    storage=StorageProfile(text_rejects_nul=True),
+    storage=StorageProfile(text_rejects_nul=True, extreme_dates_are_infinity=True),
     ddl=DdlSpec(
         types={
             "string": "text",

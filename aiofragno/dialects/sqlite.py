@@ -182,6 +182,8 @@ def _pragmas(url: DatabaseURL, options: Options) -> list[str]:
     statements = [
         f"PRAGMA busy_timeout = {int(options.busy_timeout * 1000)}",
         "PRAGMA foreign_keys = ON",
+        # LIKE (starts_with) is case-sensitive on the other databases too.
+        "PRAGMA case_sensitive_like = ON",
     ]
     if not url.is_memory:
         statements.append("PRAGMA journal_mode = WAL")

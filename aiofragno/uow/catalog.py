@@ -50,6 +50,7 @@ class TableInfo:
         }
         for column in self.table.columns.values():
             self.columns[column.name] = _column_info(catalog, column)
+        self.decimal_as_text = catalog.codec.storage.decimal == "text"
         self.select_sql, self.decode = self._build_select(catalog)
 
     def column(self, name: str) -> ColumnInfo:
@@ -62,6 +63,15 @@ class TableInfo:
             self.table.column(name)  # raises, listing the columns
             raise AssertionError(name)
         return info
+
+    def check_orderable(self, name: str) -> None:
+        """Refuse ordering (and range comparisons) where the storage would not
+        order by value: decimals kept as text (SQLite)."""
+        if self.columns[name].kind == "decimal" and self.decimal_as_text:
+            raise ValidationError(
+                f"{self.name}.{name}: decimals are stored as text on this database, so they "
+                "cannot be ordered or compared with < > (equality works)"
+            )
 
     def _build_select(
         self, catalog: Catalog

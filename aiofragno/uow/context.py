@@ -69,11 +69,14 @@ class Compiling:
                 f"a reference takes a RowId or an id string, got {type(value).__name__}"
             )
         quote = self.catalog.compiler.quote_identifier
+        # -1 is no row's id: an unknown external id fails the foreign key
+        # instead of becoming a silent NULL.
         self.text(
-            f"(SELECT {quote(INTERNAL_ID)} FROM {self.catalog.sql_name(target)} WHERE {quote('id')} = "
+            f"COALESCE((SELECT {quote(INTERNAL_ID)} FROM {self.catalog.sql_name(target)} "
+            f"WHERE {quote('id')} = "
         )
         self.raw_value(str(value))
-        self.text(")")
+        self.text("), -1)")
 
     def check_text_column(self, column: str, operation: str) -> None:
         if self.table.column(column).kind not in _TEXT_KINDS:

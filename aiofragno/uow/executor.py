@@ -117,9 +117,15 @@ async def run_mutations(
                         f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
                     )
             if db.options.outbox:
+
+                def compile(query: Any) -> CompiledQuery:
+                    compiled = db.compile(query)
+                    notify(compiled)
+                    return compiled
+
                 uow.versionstamp = await write_entry(
                     session,
-                    db.compile,
+                    compile,
                     db.adapter,
                     db.codec,
                     uow_id=uow.uow_id,

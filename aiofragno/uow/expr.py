@@ -118,6 +118,8 @@ class _Compare(Expr):
         return ("cmp", self.column, self.op)
 
     def render(self, ctx: Compiling) -> None:
+        if self.op not in ("=", "<>"):
+            ctx.table.check_orderable(self.column)
         ctx.text(f"{ctx.column(self.column)} {self.op} ")
         ctx.value(self.column, self.value)
 

@@ -73,6 +73,18 @@ class RetrievalOp:
         raise NotImplementedError
 
 
+def _check_pageable(table: TableInfo, order: tuple[tuple[str, bool], ...]) -> None:
+    """Keyset pages need a total order without NULLs."""
+    for name, _ in order:
+        column = table.columns[name].column
+        if column is not None and column.nullable:
+            raise ValidationError(
+                f"{table.name}.{name} may be NULL, so find(limit=...) cannot page by it "
+                "without losing rows; order by a NOT NULL column (or filter out NULLs "
+                "and page without this column)"
+            )
+
+
 def _order(table: TableInfo, order_by: Any) -> tuple[tuple[str, bool], ...]:
     """((column, descending), ...) from a name, a (name, direction) pair, or a list of those."""
     if order_by is None:
@@ -84,6 +96,7 @@ def _order(table: TableInfo, order_by: Any) -> tuple[tuple[str, bool], ...]:
         if direction not in ("asc", "desc"):
             raise ValidationError(f"order direction must be 'asc' or 'desc', got {direction!r}")
         table.column(name)
+        table.check_orderable(name)
         order.append((name, direction == "desc"))
     return tuple(order)
 
@@ -106,9 +119,15 @@ class Find(RetrievalOp):
             raise ValidationError(f"limit must be a positive int, got {limit!r}")
         self.where = where_expr(where)
         self.order = _order(table, order_by)
+        if limit is not None:
+            _check_pageable(table, self.order)
         self.limit = 1 if first else limit
         self.first = first
-        self.after = None if after is None else _decode_cursor(after, self._cursor_key())
+        self.after = (
+            None
+            if after is None
+            else _decode_cursor(after, self._cursor_key(), len(self.order) + 1)
+        )
 
     def _cursor_key(self) -> str:
         text = json.dumps([self.table.name, self.order])
@@ -193,13 +212,13 @@ class Find(RetrievalOp):
         return base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str, key: str) -> list[Any]:
+def _decode_cursor(cursor: str, key: str, width: int) -> list[Any]:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         data = tagged_json.loads(base64.urlsafe_b64decode(padded.encode()))
         if not isinstance(data, dict) or not isinstance(data.get("v"), list):
             raise ValueError("not a cursor")
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, ArithmeticError) as exc:
         raise ValidationError(
             f"malformed cursor {cursor!r:.40}: pass a find() result's .cursor"
         ) from exc
@@ -208,6 +227,8 @@ def _decode_cursor(cursor: str, key: str) -> list[Any]:
             "this cursor belongs to a find() on another table or with another order_by"
         )
     values: list[Any] = data["v"]
+    if len(values) != width or not isinstance(values[-1], int):
+        raise ValidationError(f"malformed cursor {cursor!r:.40}: pass a find() result's .cursor")
     return values
 
 

@@ -303,7 +303,19 @@ async def _internal_tables(migrator: Migrator, *, dry_run: bool) -> None:
         and await read_setting(migrator.session, migrator.compile, outbox_tables.VERSION_KEY)
         is None
     ):
-        await write_setting(migrator.session, migrator.compile, outbox_tables.VERSION_KEY, "0")
+        # Continue after the newest entry, should the counter row have been lost.
+        latest = await migrator.session.execute(
+            migrator.compile(
+                sql(
+                    "SELECT MAX({v}) AS v FROM {t}",
+                    v=Identifier("versionstamp"),
+                    t=outbox_tables.OUTBOX_ID,
+                )
+            )
+        )
+        stamp = latest.rows[0]["v"]
+        version = "0" if stamp is None else str(int(stamp[:20], 16))
+        await write_setting(migrator.session, migrator.compile, outbox_tables.VERSION_KEY, version)
 
 
 async def _schema_exists(migrator: Migrator, db_schema: str) -> bool:

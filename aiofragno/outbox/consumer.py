@@ -312,8 +312,9 @@ class _Run:
             for entry in entries:
                 if _stopped(stop):
                     break
-                await self.deliver(entry)
-                done, count = entry, count + 1
+                if await self.deliver(entry):
+                    count += 1
+                done = entry
         finally:
             if done is not None:
                 with runtime.shielded(5.0):
@@ -321,16 +322,18 @@ class _Run:
                 self.delivered += count
         return len(entries)
 
-    async def deliver(self, entry: OutboxEntry) -> None:
+    async def deliver(self, entry: OutboxEntry) -> bool:
+        """True when the handler took ``entry``; False when it was dead-lettered."""
         for attempt in range(1, self.max_attempts + 1):
             try:
                 await _call(self.handler, entry)
-                return
+                return True
             except Exception as exc:
                 if attempt == self.max_attempts:
                     await self.give_up(self.db, entry, exc, attempt)
-                    return
+                    return False
                 await runtime.sleep(self.retry_delay * 2 ** (attempt - 1))
+        raise AssertionError("max_attempts >= 1 was checked by run()")
 
     async def deliver_in_transaction(self, entry: OutboxEntry) -> None:
         for attempt in range(1, self.max_attempts + 1):

@@ -10,6 +10,8 @@ polling ``versionstamp > cursor`` never skips an entry that commits later.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import UTC
+from decimal import Decimal
 from typing import Any
 
 from .. import tagged_json
@@ -43,15 +45,27 @@ async def reserve_version(session: Session, compile: Compile, adapter: DialectAd
     result = await session.execute(compile(sql(_RESERVE[strategy], **names, key=VERSION_KEY)))
     if result.rows:
         return int(next(iter(result.rows[0].values())))
+    if result.rows_affected == 1:
+        return 1  # MySQL inserted the counter row: the first version
     if result.insert_id:  # MySQL reports LAST_INSERT_ID(expr) in the OK packet
         return int(result.insert_id)
     last = await session.execute(compile(sql("SELECT LAST_INSERT_ID() AS v")))
     return int(last.rows[0]["v"])
 
 
-def _plain(value: Any) -> Any:
-    # A RowId travels as its external id.
-    return str(value) if isinstance(value, str) else value
+def _payload_value(kind: str, value: Any) -> Any:
+    """The value as stored, in Python terms: a RowId travels as its external
+    id, an int given for a decimal as a Decimal, a naive datetime accepted as
+    UTC as an aware one."""
+    if isinstance(value, str):
+        return str(value)
+    if kind == "decimal" and isinstance(value, int):
+        return Decimal(value)
+    if kind == "timestamp" and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    if kind == "binary":
+        return bytes(value)
+    return value
 
 
 def describe(
@@ -80,7 +94,8 @@ def describe(
                 if info.target is not None and value is not None:
                     ref_map[f"{index}.{column}"] = str(value)
             entry["values" if op.op == "create" else "set"] = {
-                k: _plain(v) for k, v in values.items()
+                k: None if v is None else _payload_value(op.table.columns[k].kind, v)
+                for k, v in values.items()
             }
         if op.checked:
             entry["check_version"] = getattr(op.target, "version", None)

@@ -16,9 +16,11 @@ from ..errors import (
     ConnectionLost,
     DatabaseUnavailable,
     TransactionConflict,
+    ValidationError,
 )
 from ..migrate import SETTINGS_TABLE
 from ..outbox.tables import VERSION_KEY
+from ..outbox.versionstamp import MAX_INDEX
 from ..outbox.writer import write_entry
 from ..resilience import Deadline, retry_read
 from ..schema import new_external_id
@@ -106,6 +108,12 @@ async def run_mutations(
 ) -> None:
     """The mutation phase: every write in one transaction, or none; with the
     outbox on, the unit's outbox entry is written last in the same transaction."""
+    writes = sum(not isinstance(op, Check) for op in uow.mutations)
+    if db.options.outbox and writes > MAX_INDEX + 1:
+        raise ValidationError(
+            f"a unit of work can carry at most {MAX_INDEX + 1} outbox mutations, this one has "
+            f"{writes}; split it into several units"
+        )
     session = await db.checkout()
     try:
         await session.begin(isolation)

@@ -30,6 +30,7 @@ from .migrate import Ddl, MigrationResult
 from .migrate import migrate as run_migration
 from .naming import Layout, resolve_naming
 from .outbox import OutboxReader
+from .outbox.writer import OutboxStatements
 from .resilience import Deadline, retry_read
 from .schema import Schema, _check_name
 from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
@@ -72,6 +73,7 @@ class Database(Queries):
         self._layouts: dict[tuple[int, str], Layout] = {}
         self._catalogs: dict[int, Catalog] = {}
         self.outbox = OutboxReader(self)
+        self._outbox_statements: OutboxStatements | None = None
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -86,6 +88,13 @@ class Database(Queries):
     def pool_size(self) -> int:
         """Most connections this Database opens at once."""
         return self._driver.pool_size
+
+    @property
+    def outbox_statements(self) -> OutboxStatements:
+        """The outbox writer's SQL for this database, compiled once."""
+        if self._outbox_statements is None:
+            self._outbox_statements = OutboxStatements(self.compiler, self.adapter)
+        return self._outbox_statements
 
     @property
     def closed(self) -> bool:
@@ -288,6 +297,11 @@ class Database(Queries):
     async def checkin(self, session: Session) -> None:
         """Return ``session``'s connection: reset it if an operation was
         interrupted, discard it if it broke."""
+        if not (session.broken or session.interrupted or session.in_transaction):
+            # Clean: going back to the idle list awaits nothing that could be
+            # cancelled, so no shielded scope is needed.
+            await self._driver.release_connection(session.connection)
+            return
         with runtime.shielded(CLEANUP_TIMEOUT):
             discard = session.broken
             if not discard and (session.interrupted or session.in_transaction):

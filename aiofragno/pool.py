@@ -79,13 +79,9 @@ class Pool:
     async def acquire(self) -> Connection:
         self._check_open()
         try:
-            with runtime.fail_after(self._acquire_timeout):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise PoolTimeout(
-                f"no connection free after {self._acquire_timeout}s "
-                f"({self.size} in use); raise pool_size or hold connections for less time"
-            ) from None
+            self._slots.acquire_nowait()  # the common case: no timer, no cancel scope
+        except runtime.WouldBlock:
+            await self._wait_for_slot()
         try:
             self._check_open()
             connection, created = await self._checkout()
@@ -94,6 +90,16 @@ class Pool:
             raise
         self._in_use[connection] = created
         return connection
+
+    async def _wait_for_slot(self) -> None:
+        try:
+            with runtime.fail_after(self._acquire_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise PoolTimeout(
+                f"no connection free after {self._acquire_timeout}s "
+                f"({self.size} in use); raise pool_size or hold connections for less time"
+            ) from None
 
     async def release(self, connection: Connection, *, discard: bool = False) -> None:
         created = self._in_use.pop(connection, None)

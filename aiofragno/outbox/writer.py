@@ -12,19 +12,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import UTC
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import tagged_json
 from ..codec import ValueCodec, utc_now
-from ..driver import CompiledQuery, DialectAdapter
+from ..driver import CompiledQuery, DialectAdapter, QueryCompiler
 from ..migrate import SETTINGS_TABLE
 from ..session import Session
 from ..sql import Identifier, sql
-from ..uow.ops import Check, MutationOp
 from .tables import OUTBOX_ID, VERSION_KEY
+
+if TYPE_CHECKING:
+    from ..uow.ops import MutationOp
 from .versionstamp import versionstamp
 
-Compile = Callable[[Any], CompiledQuery]
+Notify = Callable[[CompiledQuery], Any]
 
 _RESERVE = {
     "insert-on-conflict-returning": (
@@ -38,18 +40,46 @@ _RESERVE = {
 }
 
 
-async def reserve_version(session: Session, compile: Compile, adapter: DialectAdapter) -> int:
+class OutboxStatements:
+    """The writer's SQL for one dialect, compiled once: the reservation has no
+    varying parameter, the insert only its values."""
+
+    def __init__(self, compiler: QueryCompiler, adapter: DialectAdapter) -> None:
+        names = {"t": Identifier(SETTINGS_TABLE), "k": Identifier("key"), "v": Identifier("value")}
+        self.reserve = compiler.compile(
+            sql(_RESERVE[adapter.outbox_version_strategy], **names, key=VERSION_KEY)
+        )
+        self.last_insert_id = compiler.compile(sql("SELECT LAST_INSERT_ID() AS v"))
+        self.insert = compiler.compile(
+            sql(
+                "INSERT INTO {t} ({vs}, {u}, {p}, {r}, {c}) VALUES ({a}, {b}, {c_}, {d}, {e})",
+                t=OUTBOX_ID,
+                vs=Identifier("versionstamp"),
+                u=Identifier("uow_id"),
+                p=Identifier("payload"),
+                r=Identifier("ref_map"),
+                c=Identifier("created_at"),
+                a="",
+                b="",
+                c_="",
+                d="",
+                e="",
+            )
+        ).sql
+
+
+async def reserve_version(session: Session, statements: OutboxStatements, notify: Notify) -> int:
     """The next outbox version; its row lock is held until the transaction ends."""
-    names = {"t": Identifier(SETTINGS_TABLE), "k": Identifier("key"), "v": Identifier("value")}
-    strategy = adapter.outbox_version_strategy
-    result = await session.execute(compile(sql(_RESERVE[strategy], **names, key=VERSION_KEY)))
+    notify(statements.reserve)
+    result = await session.execute(statements.reserve)
     if result.rows:
         return int(next(iter(result.rows[0].values())))
     if result.rows_affected == 1:
         return 1  # MySQL inserted the counter row: the first version
     if result.insert_id:  # MySQL reports LAST_INSERT_ID(expr) in the OK packet
         return int(result.insert_id)
-    last = await session.execute(compile(sql("SELECT LAST_INSERT_ID() AS v")))
+    notify(statements.last_insert_id)
+    last = await session.execute(statements.last_insert_id)
     return int(last.rows[0]["v"])
 
 
@@ -105,37 +135,30 @@ def describe(
 
 async def write_entry(
     session: Session,
-    compile: Compile,
-    adapter: DialectAdapter,
+    statements: OutboxStatements,
     codec: ValueCodec,
+    notify: Notify,
     *,
     uow_id: str,
     schema: str,
     namespace: str,
-    ops: Sequence[MutationOp],
-) -> str | None:
-    """Write the unit's outbox row; returns its versionstamp, or None when the
-    unit has no write worth an entry (only checks)."""
-    writes = [op for op in ops if not isinstance(op, Check)]
-    if not writes:
-        return None
-    version = await reserve_version(session, compile, adapter)
+    writes: Sequence[MutationOp],
+) -> str:
+    """Write the outbox row of a unit with these ``writes`` (creates, updates,
+    deletes — never checks); returns its versionstamp."""
+    version = await reserve_version(session, statements, notify)
     mutations, ref_map = describe(schema, namespace, writes, version)
     stamp = versionstamp(version)
-    created = codec.encoder("timestamp")(utc_now())
-    insert = sql(
-        "INSERT INTO {t} ({vs}, {u}, {p}, {r}, {c}) VALUES ({stamp}, {uow}, {payload}, {refs}, {created})",
-        t=OUTBOX_ID,
-        vs=Identifier("versionstamp"),
-        u=Identifier("uow_id"),
-        p=Identifier("payload"),
-        r=Identifier("ref_map"),
-        c=Identifier("created_at"),
-        stamp=stamp,
-        uow=uow_id,
-        payload=tagged_json.dumps({"version": 1, "mutations": mutations}),
-        refs=tagged_json.dumps(ref_map) if ref_map else None,
-        created=created,
+    insert = CompiledQuery(
+        statements.insert,
+        (
+            stamp,
+            uow_id,
+            tagged_json.dumps({"version": 1, "mutations": mutations}),
+            tagged_json.dumps(ref_map) if ref_map else None,
+            codec.encoder("timestamp")(utc_now()),
+        ),
     )
-    await session.execute(compile(insert))
+    notify(insert)
+    await session.execute(insert)
     return stamp

@@ -62,18 +62,37 @@ async def _call(hook: Callable[..., Any] | None, *args: Any) -> None:
             await outcome
 
 
-async def run_reads(db: Database, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
-    """The retrieval phase's reads, in order, on one connection — all again on
-    a fresh connection if that one is lost (reads have no effects)."""
+class HeldConnection:
+    """The one connection an attempt uses for its reads and its mutation
+    phase (one checkout per attempt, taken at the first use)."""
 
-    async def read_all() -> list[QueryResult]:
-        session = await db.checkout()
-        try:
-            return [await session.execute(query) for query in queries]
-        finally:
-            await db.checkin(session)
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.session: Session | None = None
 
-    return await retry_read(db.options.reconnect_deadline, read_all)
+    async def get(self) -> Session:
+        if self.session is None:
+            self.session = await self.db.checkout()
+        return self.session
+
+    async def release(self) -> None:
+        session, self.session = self.session, None
+        if session is not None:
+            await self.db.checkin(session)
+
+    async def read(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
+        """The reads, in order — all again on a fresh connection if this one is
+        lost (reads have no effects)."""
+
+        async def read_all() -> list[QueryResult]:
+            session = await self.get()
+            try:
+                return [await session.execute(query) for query in queries]
+            except BaseException:
+                await self.release()
+                raise
+
+        return await retry_read(self.db.options.reconnect_deadline, read_all)
 
 
 async def committed(db: Database, uow: UnitOfWork) -> bool:
@@ -101,6 +120,7 @@ async def committed(db: Database, uow: UnitOfWork) -> bool:
 
 async def run_mutations(
     db: Database,
+    held: HeldConnection,
     uow: UnitOfWork,
     catalog: Catalog,
     isolation: IsolationLevel | None,
@@ -108,45 +128,36 @@ async def run_mutations(
 ) -> None:
     """The mutation phase: every write in one transaction, or none; with the
     outbox on, the unit's outbox entry is written last in the same transaction."""
-    writes = sum(not isinstance(op, Check) for op in uow.mutations)
-    if db.options.outbox and writes > MAX_INDEX + 1:
+    writes = [op for op in uow.mutations if not isinstance(op, Check)]
+    if db.options.outbox and len(writes) > MAX_INDEX + 1:
         raise ValidationError(
             f"a unit of work can carry at most {MAX_INDEX + 1} outbox mutations, this one has "
-            f"{writes}; split it into several units"
+            f"{len(writes)}; split it into several units"
         )
-    session = await db.checkout()
+    session = await held.get()
+    await session.begin(isolation)
     try:
-        await session.begin(isolation)
-        try:
-            for op in uow.mutations:
-                notify(op.query)
-                if op.conflicted(await session.execute(op.query)):
-                    raise _Conflict(
-                        f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
-                    )
-            if db.options.outbox:
-
-                def compile(query: Any) -> CompiledQuery:
-                    compiled = db.compile(query)
-                    notify(compiled)
-                    return compiled
-
-                uow.versionstamp = await write_entry(
-                    session,
-                    compile,
-                    db.adapter,
-                    db.codec,
-                    uow_id=uow.uow_id,
-                    schema=catalog.layout.schema.name,
-                    namespace=catalog.layout.namespace,
-                    ops=uow.mutations,
+        for op in uow.mutations:
+            notify(op.query)
+            if op.conflicted(await session.execute(op.query)):
+                raise _Conflict(
+                    f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
                 )
-            await session.commit()
-        except BaseException:
-            await _rollback(session)
-            raise
-    finally:
-        await db.checkin(session)
+        if db.options.outbox and writes:
+            uow.versionstamp = await write_entry(
+                session,
+                db.outbox_statements,
+                db.codec,
+                notify,
+                uow_id=uow.uow_id,
+                schema=catalog.layout.schema.name,
+                namespace=catalog.layout.namespace,
+                writes=writes,
+            )
+        await session.commit()
+    except BaseException:
+        await _rollback(session)
+        raise
 
 
 async def _rollback(session: Session) -> None:
@@ -179,19 +190,22 @@ async def execute_uow(
     lost = Deadline(db.options.reconnect_deadline)
     while True:
         attempt += 1
-        uow = UnitOfWork(
-            lambda qs: run_reads(db, qs), catalog, uow_id, dry_run=dry_run, on_query=on_query
-        )
-        value = await fn(uow)
-        if dry_run:
-            for op in uow.mutations:
-                notify(op.query)
-            return value
-        if not uow.mutations:
-            return value
+        held = HeldConnection(db)
+        uow = UnitOfWork(held.read, catalog, uow_id, dry_run=dry_run, on_query=on_query)
         try:
-            await _call(hooks.before_mutation, uow)
-            await run_mutations(db, uow, catalog, isolation, notify)
+            try:
+                value = await fn(uow)
+                if dry_run:
+                    for op in uow.mutations:
+                        notify(op.query)
+                    return value
+                if not uow.mutations:
+                    return value
+                await _call(hooks.before_mutation, uow)
+                await run_mutations(db, held, uow, catalog, isolation, notify)
+            finally:
+                # Released before any backoff sleep below.
+                await held.release()
         except (_Conflict, TransactionConflict, ConcurrencyConflict) as conflict:
             await _call(hooks.on_conflict, uow, conflict)
             delay = policy.delay(attempt)

@@ -115,13 +115,4 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         await connection.configure(url, options)
         return connection
 
-    return PooledDialect(
-        name="sqlite",
-        adapter=sqlite.adapter(options),
-        compiler=sqlite.create_compiler,
-        translate=sqlite.translate_error,
-        connect=connect,
-        options=options,
-        pool_size=sqlite.pool_size(url, options),
-        recycle=not url.is_memory,
-    )
+    return sqlite.pooled_dialect(url, options, connect)

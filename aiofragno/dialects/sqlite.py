@@ -49,6 +49,7 @@ from ..errors import (
     UniqueViolation,
     ValidationError,
 )
+from ..pool import Connector, PooledDialect
 from ..sql import Json, SqlCompiler
 from ..url import DatabaseURL, Options
 from .common import json_param
@@ -188,6 +189,21 @@ def _pragmas(url: DatabaseURL, options: Options) -> list[str]:
     if not url.is_memory:
         statements.append("PRAGMA journal_mode = WAL")
     return statements
+
+
+def pooled_dialect(url: DatabaseURL, options: Options, connect: Connector) -> PooledDialect:
+    """The Dialect of either SQLite backend, around its ``connect``."""
+    return PooledDialect(
+        name="sqlite",
+        adapter=adapter(options),
+        compiler=create_compiler,
+        translate=translate_error,
+        connect=connect,
+        options=options,
+        pool_size=pool_size(url, options),
+        # ":memory:" lives as long as its one connection: never recycle it.
+        recycle=not url.is_memory,
+    )
 
 
 def _is_read_only(sql: str) -> bool:

@@ -1,7 +1,10 @@
 """The backends aiofragno knows, by name. Nothing here imports a driver: a backend
 module is imported only when a Database is opened with it.
 
-Each backend module exposes ``create_dialect(url, options) -> Dialect``.
+Each backend module exposes ``create_dialect(url, options) -> Dialect``. A backend
+whose driver works only on asyncio (``asyncio_only``) may still list "trio" in its
+runtimes: under trio, :func:`create_dialect` puts it behind ``asyncio_bridge``
+(a private asyncio loop in a helper thread); under asyncio it is used directly.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Protocol
 
 from ..driver import Dialect
 from ..errors import Error, ValidationError
+from ..runtime import current_runtime
 from ..url import DatabaseURL, Options
 
 
@@ -26,6 +30,8 @@ class Backend:
     module: str
     extra: str
     runtimes: frozenset[str]
+    # The driver runs only on asyncio; under trio it is reached through the bridge.
+    asyncio_only: bool = False
 
 
 BACKENDS: dict[str, Backend] = {
@@ -36,7 +42,8 @@ BACKENDS: dict[str, Backend] = {
             "postgresql",
             "aiofragno.backends.asyncpg",
             "postgres",
-            frozenset({"asyncio"}),
+            frozenset({"asyncio", "trio"}),
+            asyncio_only=True,
         ),
         Backend(
             "aiosqlite", "sqlite", "aiofragno.backends.aiosqlite", "sqlite", frozenset({"asyncio"})
@@ -44,7 +51,14 @@ BACKENDS: dict[str, Backend] = {
         Backend(
             "sqlite", "sqlite", "aiofragno.backends.sqlite", "", frozenset({"asyncio", "trio"})
         ),
-        Backend("asyncmy", "mysql", "aiofragno.backends.asyncmy", "mysql", frozenset({"asyncio"})),
+        Backend(
+            "asyncmy",
+            "mysql",
+            "aiofragno.backends.asyncmy",
+            "mysql",
+            frozenset({"asyncio", "trio"}),
+            asyncio_only=True,
+        ),
     )
 }
 
@@ -80,7 +94,20 @@ def choose_backend(url: DatabaseURL, requested: str | None, runtime: str) -> Bac
     return backend
 
 
-def create_dialect(backend: Backend, url: DatabaseURL, options: Options) -> Dialect:
+def create_dialect(
+    backend: Backend, url: DatabaseURL, options: Options, runtime: str | None = None
+) -> Dialect:
+    """``backend``'s dialect for ``url`` under ``runtime`` (default: the running one)."""
+    module = _import(backend)
+    dialect = module.create_dialect(url, options)
+    if backend.asyncio_only and (runtime or current_runtime()) != "asyncio":
+        from .asyncio_bridge import bridged
+
+        return bridged(dialect)
+    return dialect
+
+
+def _import(backend: Backend) -> _BackendModule:
     try:
         module: _BackendModule = importlib.import_module(backend.module)
     except ImportError as exc:
@@ -90,4 +117,4 @@ def create_dialect(backend: Backend, url: DatabaseURL, options: Options) -> Dial
         raise BackendNotInstalled(
             f"the {backend.name} backend needs a package that is not installed ({exc.name}): {hint}"
         ) from exc
-    return module.create_dialect(url, options)
+    return module

@@ -219,7 +219,8 @@ class TransactionContext:
         try:
             if exc is None:
                 await tx.session.commit()
-            elif not tx.session.broken:
+            elif not (tx.session.broken or tx.session.interrupted):
+                # (An interrupted connection is reset or discarded by checkin.)
                 await _rollback_quietly(tx.session, tx.session.rollback)
         finally:
             await self._db.checkin(tx.session)

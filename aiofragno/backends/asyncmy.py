@@ -8,6 +8,8 @@ Statements outside a transaction autocommit; ``begin`` opens an explicit one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,6 +46,7 @@ ERRORS = ErrorTable(
     ],
 )
 
+_KILL_TIMEOUT = 2.0
 _DATETIME_TYPES = frozenset({FIELD_TYPE.DATETIME, FIELD_TYPE.TIMESTAMP})
 
 
@@ -68,11 +71,15 @@ def _utc_rows(description: Any, tuples: list[tuple[Any, ...]]) -> list[tuple[Any
     return fixed
 
 
-class AsyncmyConnection:
-    __slots__ = ("_raw",)
+Killer = Callable[[int], Awaitable[None]]
 
-    def __init__(self, raw: Any) -> None:
+
+class AsyncmyConnection:
+    __slots__ = ("_kill", "_raw")
+
+    def __init__(self, raw: Any, kill: Killer) -> None:
         self._raw = raw
+        self._kill = kill
 
     @property
     def is_closed(self) -> bool:
@@ -104,7 +111,12 @@ class AsyncmyConnection:
         await self._raw.ping(reconnect=False)
 
     async def reset(self) -> bool:
-        # An interrupted read leaves the protocol stream mid-packet.
+        # An interrupted read leaves the protocol stream mid-packet, so the
+        # connection is discarded; the server would go on running the statement
+        # (holding its locks) unless told to stop from another connection.
+        with contextlib.suppress(Exception, asyncio.TimeoutError):
+            async with asyncio.timeout(_KILL_TIMEOUT):
+                await self._kill(self._raw.thread_id())
         return False
 
     async def close(self) -> None:
@@ -113,11 +125,20 @@ class AsyncmyConnection:
 
 
 def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
+    async def kill(thread_id: int) -> None:
+        async with asyncio.timeout(options.connect_timeout):
+            killer = await _open(url, options)
+        try:
+            async with killer.cursor() as cursor:
+                await cursor.execute("KILL QUERY %s", (thread_id,))
+        finally:
+            killer.close()
+
     async def connect() -> AsyncmyConnection:
         # asyncmy's connect_timeout covers the TCP connect only, not the handshake.
         async with asyncio.timeout(options.connect_timeout):
             raw = await _open(url, options)
-        return AsyncmyConnection(raw)
+        return AsyncmyConnection(raw, kill)
 
     return PooledDialect(
         name="mysql",

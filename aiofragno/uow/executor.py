@@ -108,9 +108,13 @@ async def committed(db: Database, uow: UnitOfWork) -> bool:
     )
 
     async def look() -> bool:
-        async with db.transaction() as tx:
-            await tx.fetch(counter)
-            entry = await db.outbox.find(uow.uow_id)
+        try:
+            async with db.transaction() as tx:
+                await tx.fetch(counter)
+                entry = await db.outbox.find(uow.uow_id)
+        except CommitOutcomeUnknown as exc:
+            # This transaction only read: losing its COMMIT loses nothing.
+            raise ConnectionLost(str(exc)) from exc
         if entry is not None:
             uow.versionstamp = entry.versionstamp
         return entry is not None
@@ -161,8 +165,8 @@ async def run_mutations(
 
 
 async def _rollback(session: Session) -> None:
-    if not session.in_transaction or session.broken:
-        return
+    if not session.in_transaction or session.broken or session.interrupted:
+        return  # nothing to undo, or checkin resets/discards the connection
     with runtime.shielded(CLEANUP_TIMEOUT):
         try:
             await session.rollback()

@@ -14,10 +14,13 @@ from ..url import DatabaseURL, Options
 
 class AiosqliteConnection(sqlite.SqliteConnection):
     async def _run(self, sql: str, parameters: Sequence[Any]) -> sqlite.Outcome:
-        async with self._raw.execute(sql, parameters) as cursor:
-            description = cursor.description
-            rows = await cursor.fetchall() if description is not None else []
-            return description, list(rows), cursor.rowcount, cursor.lastrowid
+        # One thread hop for a statement without rows, two with rows. The cursor
+        # is not closed (a third hop): its statement has run to the end either
+        # way, so nothing is left active on the connection.
+        cursor = await self._raw.execute(sql, parameters)
+        description = cursor.description
+        rows = list(await cursor.fetchall()) if description is not None else []
+        return description, rows, cursor.rowcount, cursor.lastrowid
 
     def _interrupt(self) -> None:
         # aiosqlite's own interrupt() is queued behind the running statement;

@@ -31,7 +31,7 @@ from .migrate import migrate as run_migration
 from .naming import Layout, resolve_naming
 from .outbox import OutboxReader
 from .outbox.writer import OutboxStatements
-from .resilience import Deadline, retry_read
+from .resilience import Deadline, retry_read, shared_deadline
 from .schema import Schema, _check_name
 from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
 from .sql import Fragment
@@ -280,7 +280,10 @@ class Database(Queries):
     async def checkout(self, *, wait: bool = True) -> Session:
         """A connection from the pool, wrapped in a :class:`Session`. While the
         server is unreachable, retries until ``reconnect_deadline`` (``wait``)."""
-        deadline = Deadline(self.options.reconnect_deadline if wait else None)
+        with shared_deadline(self.options.reconnect_deadline if wait else None) as deadline:
+            return await self._checkout(deadline if wait else Deadline(None))
+
+    async def _checkout(self, deadline: Deadline) -> Session:
         while True:
             self._check_open()
             try:

@@ -165,9 +165,7 @@ async def outbox_tour(db: Database, start: str | None, units: int) -> None:
     lag = await consumer.lag()
     delivered = await consumer.run(handle, until_caught_up=True, batch_size=500)
     mine = [s for s in stamps if start is None or s > start]
-    contiguous = all(
-        int(b[:20], 16) == int(a[:20], 16) + 1 for a, b in itertools.pairwise(mine)
-    )
+    contiguous = all(int(b[:20], 16) == int(a[:20], 16) + 1 for a, b in itertools.pairwise(mine))
     print(
         f"5. outbox: consumer caught up from lag {lag}: {delivered} entries delivered in commit order"
     )

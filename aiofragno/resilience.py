@@ -14,7 +14,9 @@ provably safe.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TypeVar
 
 from . import runtime
@@ -28,7 +30,11 @@ MAX_DELAY = 1.0
 
 class Deadline:
     """Backoff between attempts, until ``seconds`` have passed since the first
-    failure (None: try once)."""
+    failure (None: try once).
+
+    One operation has one deadline, however many layers retry inside it:
+    :func:`shared_deadline` makes the outermost one current, and inner layers
+    (the read retry, the pool checkout) wait on that same budget."""
 
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
@@ -56,9 +62,32 @@ def is_retryable_loss(exc: BaseException) -> bool:
     )
 
 
+_current: ContextVar[Deadline | None] = ContextVar("aiofragno_deadline", default=None)
+
+
+@contextmanager
+def shared_deadline(seconds: float | None) -> Iterator[Deadline]:
+    """The deadline of the current operation: the one already running in this
+    context, or a new one that inner retries share for the ``with`` block."""
+    deadline = _current.get()
+    if deadline is not None:
+        yield deadline
+        return
+    deadline = Deadline(seconds)
+    token = _current.set(deadline)
+    try:
+        yield deadline
+    finally:
+        _current.reset(token)
+
+
 async def retry_read(deadline_seconds: float | None, read: Callable[[], Awaitable[T]]) -> T:
     """``read()``, again on a fresh connection after a lost one, until the deadline."""
-    deadline = Deadline(deadline_seconds)
+    with shared_deadline(deadline_seconds) as deadline:
+        return await _retry(deadline, read)
+
+
+async def _retry(deadline: Deadline, read: Callable[[], Awaitable[T]]) -> T:
     while True:
         try:
             return await read()

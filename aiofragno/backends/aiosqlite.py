@@ -32,7 +32,7 @@ class AiosqliteConnection(sqlite.SqliteConnection):
 
 
 def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
-    gate = sqlite.WriteGate()
+    gate = sqlite.WriteGate(options.busy_timeout)
 
     async def connect() -> AiosqliteConnection:
         raw = await aiosqlite.connect(

@@ -83,7 +83,8 @@ class AsyncmyConnection:
 
     @property
     def is_closed(self) -> bool:
-        return not self._raw.connected
+        # connected stays True after the peer closed the socket; the stream knows.
+        return not self._raw.connected or bool(self._raw._stream_broken)
 
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
         async with self._raw.cursor() as cursor:

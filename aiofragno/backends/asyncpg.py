@@ -28,6 +28,9 @@ ERRORS = ErrorTable(
         (asyncpg.exceptions.CannotConnectNowError, DatabaseUnavailable),
         # "connection is closed" and friends (other InterfaceErrors: see translate).
         (asyncpg.exceptions.InterfaceError, ConnectionLost),
+        # "cannot switch to state ...; another operation is in progress": the
+        # server's termination message arrived before its socket closed.
+        (asyncpg.exceptions.InternalClientError, ConnectionLost),
         (TimeoutError, QueryCanceled),
         (ConnectionRefusedError, DatabaseUnavailable),
         (OSError, ConnectionLost),

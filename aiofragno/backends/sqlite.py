@@ -94,7 +94,7 @@ class ThreadSqliteConnection(sqlite.SqliteConnection):
 
 
 def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
-    gate = sqlite.WriteGate()
+    gate = sqlite.WriteGate(options.busy_timeout)
 
     def open_raw() -> sqlite3.Connection:
         return sqlite3.connect(

@@ -52,11 +52,11 @@ ADAPTER = DialectAdapter(
             "timestamp": "datetime(6)",
             "external_id": "varchar(64)",
             "reference": "bigint",
-            "versionstamp": 'char(24)',
+            "versionstamp": "char(24)",
             "version": "int",
         },
         primary_key="bigint NOT NULL AUTO_INCREMENT PRIMARY KEY",
-                # Binary and NO PAD: 'a' and 'a ' are different strings, as elsewhere.
+        # Binary and NO PAD: 'a' and 'a ' are different strings, as elsewhere.
         # (MariaDB's name; on Oracle MySQL 8 the equivalent is utf8mb4_0900_bin.)
         table_options=" ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_nopad_bin",
         columns_sql="SELECT column_name AS name FROM information_schema.columns "

@@ -211,13 +211,29 @@ def _is_read_only(sql: str) -> bool:
 
 
 class WriteGate:
-    """Admits one writing transaction at a time, first come first served."""
+    """Admits one writing transaction at a time, first come first served.
+    Waiting here counts against ``busy_timeout`` like waiting for another
+    process's lock does, so a writer gives up after about that long in all."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float) -> None:
         self._semaphore = runtime.Semaphore(1)
+        self._timeout = timeout
 
     async def acquire(self) -> None:
-        await self._semaphore.acquire()
+        try:
+            self._semaphore.acquire_nowait()
+            return
+        except runtime.WouldBlock:
+            pass  # queue up below
+        try:
+            with runtime.fail_after(self._timeout):
+                await self._semaphore.acquire()
+        except TimeoutError:
+            raise LockTimeout(
+                f"waited busy_timeout={self._timeout}s for this process's other writers; "
+                "shorten write transactions or raise busy_timeout",
+                sqlstate="55P03",
+            ) from None
 
     def release(self) -> None:
         self._semaphore.release()

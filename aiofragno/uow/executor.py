@@ -22,7 +22,7 @@ from ..migrate import SETTINGS_TABLE
 from ..outbox.tables import VERSION_KEY
 from ..outbox.versionstamp import MAX_INDEX
 from ..outbox.writer import write_entry
-from ..resilience import Deadline, retry_read
+from ..resilience import retry_read, shared_deadline
 from ..schema import new_external_id
 from ..session import CLEANUP_TIMEOUT, Session
 from ..sql import Identifier, sql
@@ -190,51 +190,52 @@ async def execute_uow(
     uow_id = new_external_id() if idempotency_key is None else idempotency_key
     hooks = hooks or UowHooks()
     notify = on_query or (lambda query: None)
-    attempt = 0
-    lost = Deadline(db.options.reconnect_deadline)
-    while True:
-        attempt += 1
-        held = HeldConnection(db)
-        uow = UnitOfWork(held.read, catalog, uow_id, dry_run=dry_run, on_query=on_query)
-        try:
+    # One reconnect budget for the whole unit, shared by every retry inside it.
+    with shared_deadline(db.options.reconnect_deadline) as lost:
+        attempt = 0
+        while True:
+            attempt += 1
+            held = HeldConnection(db)
+            uow = UnitOfWork(held.read, catalog, uow_id, dry_run=dry_run, on_query=on_query)
             try:
-                value = await fn(uow)
-                if dry_run:
-                    for op in uow.mutations:
-                        notify(op.query)
-                    return value
-                if not uow.mutations:
-                    return value
-                await _call(hooks.before_mutation, uow)
-                await run_mutations(db, held, uow, catalog, isolation, notify)
-            finally:
-                # Released before any backoff sleep below.
-                await held.release()
-        except (_Conflict, TransactionConflict, ConcurrencyConflict) as conflict:
-            await _call(hooks.on_conflict, uow, conflict)
-            delay = policy.delay(attempt)
-            if delay is None:
-                raise ConcurrencyConflict(
-                    f"unit of work {uow_id} still conflicted after {attempt} attempt(s): {conflict}",
-                    attempts=attempt,
-                ) from conflict
-            await runtime.sleep(delay)
-            continue
-        except CommitOutcomeUnknown:
-            # Without writes the commit changed nothing; with the outbox on, the
-            # unit's entry tells whether it committed. Otherwise we cannot know,
-            # and re-running could apply the writes twice.
-            has_writes = any(not isinstance(op, Check) for op in uow.mutations)
-            if has_writes and not db.options.outbox:
-                raise
-            if has_writes and not await committed(db, uow):
+                try:
+                    value = await fn(uow)
+                    if dry_run:
+                        for op in uow.mutations:
+                            notify(op.query)
+                        return value
+                    if not uow.mutations:
+                        return value
+                    await _call(hooks.before_mutation, uow)
+                    await run_mutations(db, held, uow, catalog, isolation, notify)
+                finally:
+                    # Released before any backoff sleep below.
+                    await held.release()
+            except (_Conflict, TransactionConflict, ConcurrencyConflict) as conflict:
+                await _call(hooks.on_conflict, uow, conflict)
+                delay = policy.delay(attempt)
+                if delay is None:
+                    raise ConcurrencyConflict(
+                        f"unit of work {uow_id} still conflicted after {attempt} attempt(s): {conflict}",
+                        attempts=attempt,
+                    ) from conflict
+                await runtime.sleep(delay)
+                continue
+            except CommitOutcomeUnknown:
+                # Without writes the commit changed nothing; with the outbox on, the
+                # unit's entry tells whether it committed. Otherwise we cannot know,
+                # and re-running could apply the writes twice.
+                has_writes = any(not isinstance(op, Check) for op in uow.mutations)
+                if has_writes and not db.options.outbox:
+                    raise
+                if has_writes and not await committed(db, uow):
+                    if not await lost.wait():
+                        raise
+                    continue
+            except (ConnectionLost, DatabaseUnavailable):
+                # Lost before COMMIT was sent: the server rolled the phase back.
                 if not await lost.wait():
                     raise
                 continue
-        except (ConnectionLost, DatabaseUnavailable):
-            # Lost before COMMIT was sent: the server rolled the phase back.
-            if not await lost.wait():
-                raise
-            continue
-        await _call(hooks.after_mutation, uow)
-        return value
+            await _call(hooks.after_mutation, uow)
+            return value

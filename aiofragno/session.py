@@ -8,6 +8,7 @@ transaction), so that it is discarded or reset — never returned dirty.
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from types import TracebackType
@@ -110,12 +111,13 @@ class Session:
             raise
 
 
-class Queries:
+class Queries(ABC):
     """``fetch`` / ``fetch_one`` / ``fetch_value`` / ``execute`` over one
     ``_run``; shared by :class:`~aiofragno.Database` and :class:`Transaction`."""
 
+    @abstractmethod
     async def _run(self, query: Any) -> QueryResult:
-        raise NotImplementedError
+        """Run one ``af.sql`` query where this object runs queries."""
 
     async def execute(self, query: Any) -> QueryResult:
         """Run ``query`` (an ``af.sql`` fragment) and return its

@@ -15,6 +15,7 @@ writer.
 from __future__ import annotations
 
 import sqlite3
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, date, datetime, time
@@ -242,7 +243,7 @@ class WriteGate:
 Outcome = tuple[Sequence[Sequence[Any]] | None, list[tuple[Any, ...]], int, int | None]
 
 
-class SqliteConnection:
+class SqliteConnection(ABC):
     """A SQLite connection; subclasses say how ``_run`` reaches sqlite3."""
 
     def __init__(self, raw: Any, gate: WriteGate) -> None:
@@ -262,16 +263,17 @@ class SqliteConnection:
             return True
         return False
 
+    @abstractmethod
     async def _run(self, sql: str, parameters: Sequence[Any]) -> Outcome:
         """Execute in sqlite3's thread: (description, rows, rowcount, lastrowid)."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def _close_raw(self) -> None:
-        raise NotImplementedError
+        """Close the sqlite3 connection in its thread."""
 
+    @abstractmethod
     def _interrupt(self) -> None:
         """Make the statement running in sqlite3's thread stop (thread-safe)."""
-        raise NotImplementedError
 
     async def _interruptible(self, sql: str, parameters: Sequence[Any]) -> Outcome:
         try:

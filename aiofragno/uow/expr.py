@@ -8,6 +8,7 @@ the SQL text depends only on the expression's *shape*, so it is cached.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -15,7 +16,7 @@ from ..errors import ValidationError
 from .context import Compiling
 
 
-class Expr:
+class Expr(ABC):
     """A condition. Combine with ``&`` (and), ``|`` (or), ``~`` (not)."""
 
     __slots__ = ()
@@ -32,11 +33,13 @@ class Expr:
     def __bool__(self) -> bool:
         raise ValidationError("use & | ~ to combine conditions, not and/or/not")
 
+    @abstractmethod
     def shape(self) -> Any:
-        raise NotImplementedError
+        """What the SQL text depends on (operators, columns), without values."""
 
+    @abstractmethod
     def render(self, ctx: Compiling) -> None:
-        raise NotImplementedError
+        """Emit this condition's SQL text and parameters into ``ctx``."""
 
 
 def _expr(value: Any) -> Expr:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -46,7 +47,7 @@ class FindResult(list[dict[str, Any]]):
     cursor: str | None = None
 
 
-class RetrievalOp:
+class RetrievalOp(ABC):
     """A queued read. ``result`` is available after ``await uow.retrieve()``."""
 
     def __init__(self, table: TableInfo) -> None:
@@ -62,15 +63,17 @@ class RetrievalOp:
             )
         return self._result
 
+    @abstractmethod
     def compile(self, catalog: Catalog) -> CompiledQuery:
-        raise NotImplementedError
+        """The read's SQL and parameters."""
 
+    @abstractmethod
     def accept(self, result: QueryResult) -> None:
-        raise NotImplementedError
+        """Take the read's rows as ``result``."""
 
+    @abstractmethod
     def empty(self) -> None:
         """The result a dry run gives."""
-        raise NotImplementedError
 
 
 def _check_pageable(table: TableInfo, order: tuple[tuple[str, bool], ...]) -> None:

@@ -32,9 +32,11 @@ from .errors import (
     ValidationError,
 )
 from .migrate import MigrationResult
+from .outbox import Consumer, ConsumerHalted, DeadLetter, OutboxEntry
 from .schema import Column, Index, Reference, RowId, Schema, Table, varchar
 from .session import Transaction
 from .sql import Fragment, Identifier, Json, sql
+from .stats import Stats
 from .uow import ExponentialBackoff, FindResult, NoRetry, RetryPolicy, UnitOfWork, UowHooks, c
 
 __version__ = "0.1.0"
@@ -48,11 +50,14 @@ __all__ = [
     "ConcurrencyConflict",
     "Connect",
     "ConnectionLost",
+    "Consumer",
+    "ConsumerHalted",
     "DataError",
     "Database",
     "DatabaseClosed",
     "DatabaseError",
     "DatabaseUnavailable",
+    "DeadLetter",
     "DeadlockDetected",
     "Error",
     "ExponentialBackoff",
@@ -68,6 +73,7 @@ __all__ = [
     "MigrationResult",
     "NoRetry",
     "NotNullViolation",
+    "OutboxEntry",
     "PoolTimeout",
     "ProgrammingError",
     "QueryCanceled",
@@ -79,6 +85,7 @@ __all__ = [
     "Schema",
     "SchemaError",
     "SerializationFailure",
+    "Stats",
     "Table",
     "Transaction",
     "TransactionConflict",

@@ -35,6 +35,7 @@ from .resilience import Deadline, retry_read, shared_deadline
 from .schema import Schema, _check_name
 from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
 from .sql import Fragment
+from .stats import Stats
 from .uow import execute_uow as run_uow
 from .uow.catalog import Catalog
 from .uow.executor import UowHooks
@@ -73,6 +74,7 @@ class Database(Queries):
         self._layouts: dict[tuple[int, str], Layout] = {}
         self._catalogs: dict[int, Catalog] = {}
         self.outbox = OutboxReader(self)
+        self.stats = Stats()
         self._outbox_statements: OutboxStatements | None = None
 
     def __repr__(self) -> str:
@@ -294,6 +296,7 @@ class Database(Queries):
                 error = self._unavailable(exc)
                 if not isinstance(error, DatabaseUnavailable) or not await deadline.wait():
                     raise error from exc
+                self.stats.reconnect_waits += 1
                 continue
             return Session(self._driver, connection, self.dialect.translate_error)
 

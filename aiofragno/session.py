@@ -63,6 +63,9 @@ class Session:
         return error
 
     async def execute(self, query: CompiledQuery) -> QueryResult:
+        if logger.isEnabledFor(logging.DEBUG):
+            # Parameters stay out of logs (they may be personal data): their count only.
+            logger.debug("%s  -- %d parameter(s)", query.sql, len(query.parameters))
         try:
             return await self.connection.execute_query(query)
         except Exception as exc:

@@ -195,6 +195,7 @@ async def execute_uow(
         attempt = 0
         while True:
             attempt += 1
+            db.stats.attempts += 1
             held = HeldConnection(db)
             uow = UnitOfWork(held.read, catalog, uow_id, dry_run=dry_run, on_query=on_query)
             try:
@@ -205,6 +206,7 @@ async def execute_uow(
                             notify(op.query)
                         return value
                     if not uow.mutations:
+                        db.stats.units += 1
                         return value
                     await _call(hooks.before_mutation, uow)
                     await run_mutations(db, held, uow, catalog, isolation, notify)
@@ -212,6 +214,7 @@ async def execute_uow(
                     # Released before any backoff sleep below.
                     await held.release()
             except (_Conflict, TransactionConflict, ConcurrencyConflict) as conflict:
+                db.stats.conflicts += 1
                 await _call(hooks.on_conflict, uow, conflict)
                 delay = policy.delay(attempt)
                 if delay is None:
@@ -231,11 +234,15 @@ async def execute_uow(
                 if has_writes and not await committed(db, uow):
                     if not await lost.wait():
                         raise
+                    db.stats.lost_connection_retries += 1
                     continue
+                db.stats.commits_resolved += 1
             except (ConnectionLost, DatabaseUnavailable):
                 # Lost before COMMIT was sent: the server rolled the phase back.
                 if not await lost.wait():
                     raise
+                db.stats.lost_connection_retries += 1
                 continue
             await _call(hooks.after_mutation, uow)
+            db.stats.units += 1
             return value

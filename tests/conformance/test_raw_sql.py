@@ -499,3 +499,33 @@ async def test_pool_timeout(url: str, target: Any) -> None:
                 await db.fetch(af.sql("SELECT 1"))
             done.set()
         assert await db.fetch_value(af.sql("SELECT 1")) == 1
+
+
+async def test_stats_count_units_attempts_and_conflicts(db: af.Database, tables: Tables) -> None:
+    schema = af.Schema("statsns", af.Table("t", af.Column("n", "bigint")))
+    ns = f"st{tables.new().parts[0][-8:]}"
+    layout = db.layout(schema, ns)
+    tables.names.append(layout.table("t").name) if layout.table("t").schema is None else None
+    await db.migrate(schema, namespace=ns)
+    injected = []
+
+    def conflict_once(uow: af.UnitOfWork) -> None:
+        if not injected:
+            injected.append(uow.uow_id)
+            raise af.ConcurrencyConflict("injected")
+
+    async def create(uow: af.UnitOfWork) -> None:
+        uow.create("t", {"n": 1})
+
+    before = db.stats.as_dict()
+    await db.execute_uow(
+        create, schema=schema, namespace=ns, hooks=af.UowHooks(before_mutation=conflict_once)
+    )
+    await db.execute_uow(create, schema=schema, namespace=ns)
+    after = db.stats.as_dict()
+    delta = {k: after[k] - before[k] for k in after}
+    assert delta["units"] == 2 and delta["attempts"] == 3 and delta["conflicts"] == 1, delta
+    if layout.table("t").schema is not None:
+        await db.execute(
+            af.sql("DROP SCHEMA {s} CASCADE", s=af.Identifier(layout.table("t").schema))
+        )

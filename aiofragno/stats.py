@@ -1,0 +1,28 @@
+"""Counters a Database keeps about its own work, readable as ``db.stats``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass
+class Stats:
+    """Running totals since the Database was opened (plain ints, no locking:
+    every update happens on the event loop thread)."""
+
+    units: int = 0
+    """Units of work that completed (returned a value)."""
+    attempts: int = 0
+    """Runs of unit-of-work functions, retries included."""
+    conflicts: int = 0
+    """Mutation phases that conflicted (stale version, 40001, deadlock)."""
+    lost_connection_retries: int = 0
+    """Units re-run after losing their connection before COMMIT."""
+    commits_resolved: int = 0
+    """Ambiguous COMMITs resolved through the outbox."""
+    reconnect_waits: int = 0
+    """Times new work waited for an unreachable server."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -504,8 +504,9 @@ async def test_pool_timeout(url: str, target: Any) -> None:
 async def test_stats_count_units_attempts_and_conflicts(db: af.Database, tables: Tables) -> None:
     schema = af.Schema("statsns", af.Table("t", af.Column("n", "bigint")))
     ns = f"st{tables.new().parts[0][-8:]}"
-    layout = db.layout(schema, ns)
-    tables.names.append(layout.table("t").name) if layout.table("t").schema is None else None
+    physical = db.layout(schema, ns).table("t")
+    if physical.schema is None:
+        tables.names.append(physical.name)  # dropped by the fixture
     await db.migrate(schema, namespace=ns)
     injected = []
 
@@ -525,7 +526,5 @@ async def test_stats_count_units_attempts_and_conflicts(db: af.Database, tables:
     after = db.stats.as_dict()
     delta = {k: after[k] - before[k] for k in after}
     assert delta["units"] == 2 and delta["attempts"] == 3 and delta["conflicts"] == 1, delta
-    if layout.table("t").schema is not None:
-        await db.execute(
-            af.sql("DROP SCHEMA {s} CASCADE", s=af.Identifier(layout.table("t").schema))
-        )
+    if physical.schema is not None:
+        await db.execute(af.sql("DROP SCHEMA {s} CASCADE", s=af.Identifier(physical.schema)))

@@ -137,6 +137,9 @@ class Options:
     naming: str | NamingStrategy | None = None
     """Where schemas' tables live: "suffix", "schema", your own
     :class:`~aiofragno.naming.NamingStrategy`, or None for the dialect's default."""
+    search_path: str | None = None
+    """PostgreSQL: the session's search_path (where unqualified tables,
+    aiofragno's own included, are created and found)."""
     naive_datetimes: str = "reject"
     """Timestamps without a time zone: "reject" (ValidationError) or "utc"
     (taken as UTC)."""

@@ -113,10 +113,13 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         }
         if url.password is not None:
             params["password"] = url.password
+        settings = {"application_name": "aiofragno", "TimeZone": "UTC"}
+        if options.search_path:
+            settings["search_path"] = options.search_path
         raw = await asyncpg.connect(
             **params,
             timeout=options.connect_timeout,
-            server_settings={"application_name": "aiofragno", "TimeZone": "UTC"},
+            server_settings=settings,
         )
         return AsyncpgConnection(raw, options.command_timeout)
 

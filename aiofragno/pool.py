@@ -3,6 +3,9 @@
 One pool for every backend, so health checks, lifetimes and the handling of
 interrupted connections behave the same on PostgreSQL, SQLite and MySQL. A
 backend supplies only a coroutine that opens one :class:`Connection`.
+
+(We do not use the drivers' own pools: asyncpg's sends a reset query — a round
+trip — on every release, and their health and cancellation rules differ.)
 """
 
 from __future__ import annotations

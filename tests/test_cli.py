@@ -1,0 +1,111 @@
+"""The ``aiofragno`` console script, run as a user runs it, on every dialect."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TARGETS, Target, require_target
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = shutil.which("aiofragno", path=str(Path(sys.executable).parent)) or "aiofragno"
+DIALECTS = [
+    t for t in TARGETS if t.runtime == "asyncio" and t.backend in ("sqlite", "asyncpg", "asyncmy")
+]
+
+
+def run(*args: str, url: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if url is not None:
+        env["AIOFRAGNO_URL"] = url
+    return subprocess.run(
+        [SCRIPT, *args], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env
+    )
+
+
+@pytest.fixture(params=DIALECTS, ids=str)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    target: Target = request.param
+    require_target(target)
+    return target.url(tmp_path)
+
+
+def test_demo_runs_on_sqlite_by_default() -> None:
+    result = run("demo", "--units", "60")
+    assert result.returncode == 0, result.stderr
+    assert "money conserved: 50000 == 50000: True" in result.stdout
+    assert "versions contiguous: True" in result.stdout
+
+
+def test_migrate_dry_run_then_migrate(url: str) -> None:
+    dry = run(
+        "migrate", "tests.clidata.schemas:ledger", "--dry-run", "--namespace", "clidry", url=url
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert "CREATE TABLE" in dry.stdout and "entries" in dry.stdout
+    done = run("migrate", "tests.clidata.schemas:ledger", url=url)
+    assert done.returncode == 0, done.stderr
+    assert "schema version now at" in done.stderr
+    again = run("migrate", "tests.clidata.schemas:ledger", url=url)
+    assert again.returncode == 0 and again.stdout.strip() == "", again.stdout
+
+
+def test_outbox_commands(url: str) -> None:
+    run("migrate", "tests.clidata.schemas:ledger", url=url)
+    tail = run("outbox", "tail", url=url)
+    assert tail.returncode == 0, tail.stderr
+    for line in tail.stdout.splitlines():
+        assert len(json.loads(line)["versionstamp"]) == 24
+    consumers = run("outbox", "consumers", "--url", url)
+    assert consumers.returncode == 0, consumers.stderr
+    assert "latest" in json.loads(consumers.stdout.splitlines()[0])
+
+
+def test_doctor(url: str) -> None:
+    result = run("doctor", "--url", url)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["healthy"] is True
+    assert report["capabilities"]["outbox_version_strategy"].startswith("insert-on-")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["doctor", "--url", "nonsense"], "bad database URL"),
+        (["doctor", "--url", "postgresql://postgres@127.0.0.1:1/x"], "cannot connect"),
+        (["migrate", "--url", "sqlite:///:memory:", "no_such_module:x"], "cannot import module"),
+        (
+            ["migrate", "--url", "sqlite:///:memory:", "tests.clidata.schemas:nope"],
+            "not an af.Schema",
+        ),
+        (
+            ["migrate", "--url", "sqlite:///:memory:", "tests.clidata.schemas:not_a_schema"],
+            "found int",
+        ),
+        (["outbox", "tail", "--url", "sqlite:///:memory:", "--after", "zz"], "malformed --after"),
+        (["doctor"], "no database URL"),
+    ],
+)
+def test_errors_are_one_line_and_exit_1(args: list[str], message: str) -> None:
+    env_url = os.environ.pop("AIOFRAGNO_URL", None)
+    try:
+        result = run(*args)
+    finally:
+        if env_url is not None:
+            os.environ["AIOFRAGNO_URL"] = env_url
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_debug_shows_the_traceback() -> None:
+    result = run("--debug", "doctor", "--url", "nonsense")
+    assert result.returncode != 0 and "Traceback" in result.stderr

@@ -9,6 +9,7 @@ polling ``versionstamp > cursor`` never skips an entry that commits later.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from datetime import UTC
 from decimal import Decimal
@@ -99,12 +100,13 @@ def _payload_value(kind: str, value: Any) -> Any:
 
 
 def describe(
-    schema: str, namespace: str, ops: Sequence[MutationOp], version: int
+    schema: str, namespace: str, ops: Sequence[MutationOp], version: str
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """The payload's mutations and the ref_map ("<index>.<column>" -> external
-    id of the referenced row). References are always known by external id on
-    our side (a RowId is its external id, even one created earlier in the
-    unit), so the map needs no lookup."""
+    id of the referenced row). ``version`` is the versionstamps' first 20 hex
+    digits. References are always known by external id on our side (a RowId
+    is its external id, even one created earlier in the unit), so the map
+    needs no lookup."""
     mutations: list[dict[str, Any]] = []
     ref_map: dict[str, str] = {}
     for op in ops:
@@ -115,7 +117,7 @@ def describe(
             "namespace": namespace,
             "table": op.table.name,
             "external_id": str(op.target),
-            "versionstamp": versionstamp(version, index),
+            "versionstamp": f"{version}{index:04x}",
         }
         values = getattr(op, "values", None)
         if values is not None:
@@ -146,19 +148,19 @@ async def write_entry(
 ) -> str:
     """Write the outbox row of a unit with these ``writes`` (creates, updates,
     deletes — never checks); returns its versionstamp."""
+    # Everything but the version is prepared before the reservation: from the
+    # reservation to COMMIT every outbox writer waits for this one, so that
+    # window holds only the insert. A random stand-in takes the version's place
+    # in the payload text until it is known.
+    stand_in = os.urandom(10).hex()
+    mutations, ref_map = describe(schema, namespace, writes, stand_in)
+    payload = tagged_json.dumps({"version": 1, "mutations": mutations})
+    refs = tagged_json.dumps(ref_map) if ref_map else None
+    created = codec.encoder("timestamp")(utc_now())
     version = await reserve_version(session, statements, notify)
-    mutations, ref_map = describe(schema, namespace, writes, version)
     stamp = versionstamp(version)
-    insert = CompiledQuery(
-        statements.insert,
-        (
-            stamp,
-            uow_id,
-            tagged_json.dumps({"version": 1, "mutations": mutations}),
-            tagged_json.dumps(ref_map) if ref_map else None,
-            codec.encoder("timestamp")(utc_now()),
-        ),
-    )
+    payload = payload.replace(stand_in, stamp[:20])
+    insert = CompiledQuery(statements.insert, (stamp, uow_id, payload, refs, created))
     notify(insert)
     await session.execute(insert)
     return stamp

@@ -5,6 +5,7 @@
     aiofragno outbox tail --url URL [--after VS] [--follow]
     aiofragno outbox consumers --url URL
     aiofragno doctor --url URL
+    aiofragno bench [--url URL] [--units N] [--concurrency C] [--outbox] [--compare raw,sqlalchemy]
 
 ``--url`` defaults to ``$AIOFRAGNO_URL``. Errors print one line on stderr and
 exit with status 1 (``--debug`` shows the traceback).
@@ -23,6 +24,8 @@ from typing import Any
 import anyio
 
 from . import tagged_json
+from .bench import add_arguments as add_bench_arguments
+from .bench import cmd_bench as run_bench_command
 from .database import Database, connect
 from .errors import Error
 from .outbox.tables import CONSUMERS_ID, DEAD_LETTERS_ID
@@ -183,6 +186,10 @@ async def _schema_versions(db: Database) -> dict[str, str]:
     return {r["k"][: -len(suffix)]: r["v"] for r in rows if r["k"].endswith(suffix)}
 
 
+async def cmd_bench(args: argparse.Namespace) -> None:
+    await run_bench_command(args, args.url or os.environ.get("AIOFRAGNO_URL"))
+
+
 async def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
 
@@ -223,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--poll", type=float, default=0.5)
     command("consumers", cmd_outbox_consumers, "cursor, lag and dead letters per consumer", outbox)
     command("doctor", cmd_doctor, "connectivity, versions, capabilities, pool settings")
+    bench = command("bench", cmd_bench, "the transfer workload: units/s, latency, conflicts")
+    add_bench_arguments(bench)
     return parser
 
 
@@ -233,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         anyio.run(args.handler, args, backend=args.runtime)
     except KeyboardInterrupt:
         return 130
-    except (Error, UsageError, OSError) as exc:
+    except (Error, UsageError, OSError, ValueError, RuntimeError) as exc:
         if args.debug:
             raise
         print(f"aiofragno: error: {exc}", file=sys.stderr)

@@ -109,3 +109,24 @@ def test_errors_are_one_line_and_exit_1(args: list[str], message: str) -> None:
 def test_debug_shows_the_traceback() -> None:
     result = run("--debug", "doctor", "--url", "nonsense")
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_bench(url: str) -> None:
+    result = run("bench", "--units", "40", "--concurrency", "4", "--url", url)
+    assert result.returncode == 0, result.stderr
+    report = dict(
+        line.strip().split("  ", 1) for line in result.stdout.splitlines() if "  " in line.strip()
+    )
+    assert report["units"].strip() == "40"
+    assert float(report["units/s"].replace(",", "")) > 0
+
+
+def test_bench_compare_outside_a_checkout(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [SCRIPT, "bench", "--compare", "raw"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert result.returncode == 1 and "checkout" in result.stderr

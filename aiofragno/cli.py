@@ -227,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     tail = command("tail", cmd_outbox_tail, "print entries as JSON lines", outbox)
     tail.add_argument("--after", help="start after this versionstamp")
     tail.add_argument("--follow", action="store_true", help="keep waiting for new entries")
+    tail.add_argument("--json", action="store_true", help="JSON lines (the default and only format)")
     tail.add_argument("--poll", type=float, default=0.5)
     command("consumers", cmd_outbox_consumers, "cursor, lag and dead letters per consumer", outbox)
     command("doctor", cmd_doctor, "connectivity, versions, capabilities, pool settings")

@@ -338,7 +338,10 @@ async def audit(
     assert all(n == 1 for n in mine.values()), f"duplicate outbox entries: {mine.most_common(3)}"
     assert set(mine) == {bank.key(seq) for seq in applied if seq in with_outbox}
     versions = [int(e.versionstamp[:20], 16) for e in entries]
-    first = 1 if bank.outbox_start is None else int(bank.outbox_start[:20], 16) + 1
+    # Contiguous from the entry after the newest one present at the start (or
+    # from the first, if the outbox was empty: it may have been emptied by hand
+    # with its counter kept).
+    first = versions[0] if bank.outbox_start is None else int(bank.outbox_start[:20], 16) + 1
     assert versions == list(range(first, first + len(versions))), "outbox versions have gaps"
 
     for load in loads:

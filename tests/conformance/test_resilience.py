@@ -341,7 +341,10 @@ async def audit(
     # Contiguous from the entry after the newest one present at the start (or
     # from the first, if the outbox was empty: it may have been emptied by hand
     # with its counter kept).
-    first = versions[0] if bank.outbox_start is None else int(bank.outbox_start[:20], 16) + 1
+    if bank.outbox_start is not None:
+        first = int(bank.outbox_start[:20], 16) + 1
+    else:
+        first = versions[0] if versions else 1
     assert versions == list(range(first, first + len(versions))), "outbox versions have gaps"
 
     for load in loads:

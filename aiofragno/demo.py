@@ -19,6 +19,7 @@ import anyio
 
 from .database import Database, connect
 from .schema import Column, Index, Reference, Schema, Table
+from .sql import Identifier, sql
 from .uow import ExponentialBackoff, UnitOfWork, UowHooks
 from .uow.expr import c
 
@@ -68,12 +69,12 @@ class Progress:
             self._rich.stop()
 
 
-async def open_accounts(db: Database) -> None:
+async def open_accounts(db: Database, namespace: str | None = None) -> None:
     async def open_all(uow: UnitOfWork) -> None:
         for i in range(ACCOUNTS):
             uow.create("accounts", {"owner": f"user{i:02}", "balance": OPENING_BALANCE})
 
-    await db.execute_uow(open_all, schema=SHOP)
+    await db.execute_uow(open_all, schema=SHOP, namespace=namespace)
 
 
 async def transfer(uow: UnitOfWork) -> None:
@@ -87,7 +88,9 @@ async def transfer(uow: UnitOfWork) -> None:
     uow.create("transfers", {"src": a.result["id"], "dst": b.result["id"], "amount": amount})
 
 
-async def run_transfers(db: Database, units: int, concurrency: int) -> tuple[int, float]:
+async def run_transfers(
+    db: Database, units: int, concurrency: int, namespace: str | None = None
+) -> tuple[int, float]:
     conflicts = 0
 
     def count_conflict(uow: UnitOfWork, exc: Exception) -> None:
@@ -101,7 +104,9 @@ async def run_transfers(db: Database, units: int, concurrency: int) -> tuple[int
 
     async def one() -> None:
         async with limiter:
-            await db.execute_uow(transfer, schema=SHOP, retry=retry, hooks=hooks)
+            await db.execute_uow(
+                transfer, schema=SHOP, namespace=namespace, retry=retry, hooks=hooks
+            )
         progress.advance()
 
     started = time.perf_counter()
@@ -112,7 +117,7 @@ async def run_transfers(db: Database, units: int, concurrency: int) -> tuple[int
     return conflicts, time.perf_counter() - started
 
 
-async def summary(db: Database) -> tuple[int, int, list[dict[str, Any]]]:
+async def summary(db: Database, namespace: str | None) -> tuple[int, int, list[dict[str, Any]]]:
     async def read(uow: UnitOfWork) -> tuple[int, int, list[dict[str, Any]]]:
         accounts = uow.find("accounts", order_by=("balance", "desc"))
         transfers = uow.count("transfers")
@@ -120,33 +125,49 @@ async def summary(db: Database) -> tuple[int, int, list[dict[str, Any]]]:
         rows = accounts.result
         return sum(r["balance"] for r in rows), transfers.result, rows[:3]
 
-    result: tuple[int, int, list[dict[str, Any]]] = await db.execute_uow(read, schema=SHOP)
+    result: tuple[int, int, list[dict[str, Any]]] = await db.execute_uow(
+        read, schema=SHOP, namespace=namespace
+    )
     return result
 
 
 async def run_demo(url: str | None, *, units: int = 400, concurrency: int = 16) -> None:
+    """The tour on a temporary SQLite file, or on ``url`` in a namespace of its
+    own that is dropped afterwards (so it can run against any database)."""
     with tempfile.TemporaryDirectory(prefix="aiofragno-demo-") as tmp:
-        url = url or f"sqlite:///{Path(tmp) / 'demo.db'}"
-        async with connect(url, outbox=True) as db:
-            await tour(db, units, concurrency)
+        namespace = "shop" if url is None else f"demo{random.getrandbits(32):08x}"
+        async with connect(url or f"sqlite:///{Path(tmp) / 'demo.db'}", outbox=True) as db:
+            try:
+                await tour(db, units, concurrency, namespace)
+            finally:
+                if url is not None:
+                    await drop_namespace(db, namespace)
 
 
-async def tour(db: Database, units: int, concurrency: int) -> None:
+async def drop_namespace(db: Database, namespace: str) -> None:
+    layout = db.layout(SHOP, namespace)
+    for name in ("transfers", "accounts"):
+        await db.execute(sql("DROP TABLE IF EXISTS {t}", t=layout.table(name).identifier))
+    for schema in layout.db_schemas:
+        await db.execute(sql("DROP SCHEMA IF EXISTS {s}", s=Identifier(schema)))
+
+
+async def tour(db: Database, units: int, concurrency: int, namespace: str) -> None:
     print(f"aiofragno demo on {db.url.describe()} (backend {db.backend})\n")
-    print("1. migration SQL for schema 'shop':")
-    for statement in await db.migration_sql(SHOP):
+    print(f"1. migration SQL for schema 'shop' (namespace {namespace!r}):")
+    for statement in await db.migration_sql(SHOP, namespace=namespace):
         print("   " + statement.replace("\n", "\n   ") + ";")
-    result = await db.migrate(SHOP)
+    result = await db.migrate(SHOP, namespace=namespace)
     print(f"   migrated: schema version {result.version}\n")
     start = await db.outbox.latest()
-    await open_accounts(db)
+    await open_accounts(db, namespace)
     print(f"2. opened {ACCOUNTS} accounts with {OPENING_BALANCE} each\n")
     print(f"3. {units} transfers, each reading two accounts and updating both with a version check")
-    conflicts, seconds = await run_transfers(db, units, concurrency)
+    conflicts, seconds = await run_transfers(db, units, concurrency, namespace)
     print(
         f"   done in {seconds:.2f}s ({units / seconds:.0f} units/s); {conflicts} conflicts retried\n"
     )
-    total, transfers, top = await summary(db)
+    total, transfers, top = await summary(db, namespace)
     expected = ACCOUNTS * OPENING_BALANCE
     print(
         f"4. money conserved: {total} == {expected}: {total == expected}; transfer rows: {transfers}"

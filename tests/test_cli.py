@@ -36,6 +36,13 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return target.url(tmp_path)
 
 
+def test_demo_with_url(url: str) -> None:
+    result = run("demo", "--units", "40", "--url", url)
+    assert result.returncode == 0, result.stderr
+    assert ": True; transfer rows:" in result.stdout  # money conserved
+    assert "versions contiguous: True" in result.stdout
+
+
 def test_demo_runs_on_sqlite_by_default() -> None:
     result = run("demo", "--units", "60")
     assert result.returncode == 0, result.stderr

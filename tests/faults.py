@@ -38,6 +38,8 @@ import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
+import aiofragno as af
+
 # How long a forwarded "drop" chunk waits for the server's reply before the
 # connection is closed anyway.
 REPLY_WAIT = 5.0
@@ -312,3 +314,27 @@ async def tcp_proxy(target_host: str, target_port: int) -> AsyncIterator[Proxy]:
             yield proxy
         finally:
             tg.cancel_scope.cancel()
+
+
+async def terminate_postgres_backend(url: str, pid: int) -> None:
+    """``pg_terminate_backend(pid)`` from a connection of its own; waits (up to
+    5 s) until the backend has exited."""
+    async with af.connect(url, pool_size=1) as admin:
+        done = await admin.fetch_value(af.sql("SELECT pg_terminate_backend({p}, 5000)", p=pid))
+        assert done is True, f"backend {pid} did not exit"
+
+
+async def kill_mysql_connection(url: str, connection_id: int) -> None:
+    """MariaDB/MySQL ``KILL`` from a connection of its own; waits until the
+    killed thread is gone (it exits asynchronously)."""
+    async with af.connect(url, pool_size=1) as admin:
+        await admin.execute(af.sql(f"KILL {int(connection_id)}"))
+        gone = af.sql(
+            "SELECT count(*) = 0 FROM information_schema.processlist WHERE id = {i}",
+            i=connection_id,
+        )
+        for _ in range(500):
+            if await admin.fetch_value(gone):
+                return
+            await anyio.sleep(0.01)
+        raise AssertionError(f"connection {connection_id} still alive after KILL")

@@ -40,6 +40,7 @@ from tests.conftest import (
     require_target,
     selected_targets,
 )
+from tests.faults import kill_mysql_connection, terminate_postgres_backend
 
 
 @pytest.fixture
@@ -564,28 +565,6 @@ def my_url(request: pytest.FixtureRequest, anyio_backend: str) -> str:
     return _target(request, "asyncmy", anyio_backend).url(None)
 
 
-async def _pg_terminate(url: str, pid: int) -> None:
-    async with af.connect(url, pool_size=1) as admin:
-        # Waits (up to 5 s) until the backend has exited.
-        done = await admin.fetch_value(af.sql("SELECT pg_terminate_backend({p}, 5000)", p=pid))
-        assert done is True
-
-
-async def _my_kill(url: str, connection_id: int) -> None:
-    async with af.connect(url, pool_size=1) as admin:
-        await admin.execute(af.sql(f"KILL {int(connection_id)}"))
-        gone = af.sql(
-            "SELECT count(*) = 0 FROM information_schema.processlist WHERE id = {i}",
-            i=connection_id,
-        )
-        for _ in range(500):  # the killed thread exits asynchronously
-            if await admin.fetch_value(gone):
-                break
-            await anyio.sleep(0.01)
-        else:
-            pytest.fail(f"connection {connection_id} still alive after KILL")
-
-
 PID_SQL = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
 
 
@@ -595,7 +574,7 @@ async def test_connection_killed_inside_a_transaction(
     request: pytest.FixtureRequest, dialect: str
 ) -> None:
     url = request.getfixturevalue("pg_url" if dialect == "postgresql" else "my_url")
-    kill = _pg_terminate if dialect == "postgresql" else _my_kill
+    kill = terminate_postgres_backend if dialect == "postgresql" else kill_mysql_connection
     pid_sql = af.sql(PID_SQL[dialect])
     async with af.connect(url, pool_size=1) as db:
         with anyio.fail_after(15):
@@ -621,7 +600,7 @@ async def test_connection_killed_outside_a_transaction_is_not_reused(
     request: pytest.FixtureRequest, dialect: str
 ) -> None:
     url = request.getfixturevalue("pg_url" if dialect == "postgresql" else "my_url")
-    kill = _pg_terminate if dialect == "postgresql" else _my_kill
+    kill = terminate_postgres_backend if dialect == "postgresql" else kill_mysql_connection
     pid_sql = af.sql(PID_SQL[dialect])
     async with af.connect(url, pool_size=1) as db:
         with anyio.fail_after(15):

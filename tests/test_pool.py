@@ -19,6 +19,7 @@ from aiofragno.driver import Connection
 from aiofragno.pool import Pool
 from aiofragno.url import Options, parse_url
 from tests.conftest import TARGETS, Target, require_target, selected_targets
+from tests.faults import kill_mysql_connection, terminate_postgres_backend
 
 pytestmark = pytest.mark.anyio
 
@@ -460,32 +461,10 @@ async def my(request: pytest.FixtureRequest, anyio_backend: str) -> AsyncIterato
     yield _server_target(request, "asyncmy", anyio_backend).url(None)
 
 
-async def _terminate_pg(url: str, pid: int) -> None:
-    async with af.connect(url, pool_size=1) as admin:
-        assert await admin.fetch_value(af.sql("SELECT pg_terminate_backend({p}, 5000)", p=pid)), (
-            "backend did not exit"
-        )
-
-
-async def _kill_my(url: str, connection_id: int) -> None:
-    async with af.connect(url, pool_size=1) as admin:
-        await admin.execute(af.sql(f"KILL {int(connection_id)}"))
-        gone = af.sql(
-            "SELECT count(*) = 0 FROM information_schema.processlist WHERE id = {i}",
-            i=connection_id,
-        )
-        for _ in range(500):  # the killed thread exits asynchronously
-            if await admin.fetch_value(gone):
-                break
-            await anyio.sleep(0.01)
-        else:
-            pytest.fail(f"connection {connection_id} still alive after KILL")
-
-
 async def test_postgresql_idle_connection_terminated_is_replaced_with_pre_ping(pg: str) -> None:
     async with af.connect(pg, pool_size=1, pre_ping=True) as db:
         pid = await db.fetch_value(af.sql("SELECT pg_backend_pid()"))
-        await _terminate_pg(pg, pid)
+        await terminate_postgres_backend(pg, pid)
         with anyio.fail_after(10):
             new_pid = await db.fetch_value(af.sql("SELECT pg_backend_pid()"))
         assert new_pid != pid
@@ -498,7 +477,7 @@ async def test_postgresql_idle_connection_terminated_is_noticed_without_ping(pg:
     the pool replaces the connection even without pre_ping."""
     async with af.connect(pg, pool_size=1) as db:
         pid = await db.fetch_value(af.sql("SELECT pg_backend_pid()"))
-        await _terminate_pg(pg, pid)
+        await terminate_postgres_backend(pg, pid)
         await anyio.sleep(0.2)  # let the driver read the EOF
         with anyio.fail_after(10):
             assert await db.fetch_value(af.sql("SELECT pg_backend_pid()")) != pid
@@ -507,7 +486,7 @@ async def test_postgresql_idle_connection_terminated_is_noticed_without_ping(pg:
 async def test_mysql_idle_connection_killed_is_replaced_with_pre_ping(my: str) -> None:
     async with af.connect(my, pool_size=1, pre_ping=True) as db:
         cid = await db.fetch_value(af.sql("SELECT CONNECTION_ID()"))
-        await _kill_my(my, cid)
+        await kill_mysql_connection(my, cid)
         with anyio.fail_after(10):
             new_cid = await db.fetch_value(af.sql("SELECT CONNECTION_ID()"))
         assert new_cid != cid

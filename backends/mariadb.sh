@@ -184,28 +184,10 @@ do_status() {
     return 3
 }
 
-[[ $# -eq 1 ]] || usage
-case "$1" in
-start | stop | restart | status | wait) ;;
-*) usage ;;
-esac
+do_wait() { wait_ready; }
 
+# shellcheck source=backends/_commands.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_commands.sh"
+check_command "$@"
 check_installed
-
-# Serialise start/stop/restart between concurrent callers (e.g. parallel tests).
-if [[ "$1" != status && "$1" != wait ]] && command -v flock >/dev/null 2>&1; then
-    if { exec 9>>"${TMPDIR:-/tmp}/aiofragno-backend-mariadb.lock"; } 2>/dev/null; then
-        flock 9
-    fi
-fi
-
-case "$1" in
-start) do_start ;;
-stop) do_stop ;;
-restart)
-    do_stop
-    do_start
-    ;;
-status) do_status ;;
-wait) wait_ready ;;
-esac
+run_command mariadb "$1"

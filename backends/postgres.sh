@@ -197,28 +197,8 @@ do_status() {
     return 3
 }
 
-[[ $# -eq 1 ]] || usage
-case "$1" in
-start | stop | restart | status | wait) ;;
-*) usage ;;
-esac
-
+# shellcheck source=backends/_commands.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_commands.sh"
+check_command "$@"
 find_cluster
-
-# Serialise start/stop/restart between concurrent callers (e.g. parallel tests).
-if [[ "$1" != status && "$1" != wait ]] && command -v flock >/dev/null 2>&1; then
-    if { exec 9>>"${TMPDIR:-/tmp}/aiofragno-backend-postgres.lock"; } 2>/dev/null; then
-        flock 9
-    fi
-fi
-
-case "$1" in
-start) do_start ;;
-stop) do_stop ;;
-restart)
-    do_stop
-    do_start
-    ;;
-status) do_status ;;
-wait) do_wait ;;
-esac
+run_command postgres "$1"

@@ -30,6 +30,7 @@ from .database import Database, connect
 from .demo import SHOP, Progress
 from .uow import ExponentialBackoff, UnitOfWork, UowHooks
 from .uow.expr import c
+from .url import parse_url
 
 ACCOUNTS = 1_000
 RETRY = ExponentialBackoff(max_retries=100, initial=0.001, maximum=0.05)
@@ -130,8 +131,7 @@ def _compare(args: argparse.Namespace, url: str | None) -> None:
             "--compare runs the raw-driver and SQLAlchemy variants from the repository's "
             "benchmarks/ folder: run it from a checkout of aiofragno"
         )
-    dialect = "sqlite" if url is None else url.split(":", 1)[0].split("+")[0]
-    dialect = {"postgres": "postgresql", "mariadb": "mysql"}.get(dialect, dialect)
+    dialect = "sqlite" if url is None else parse_url(url).dialect
     unknown = set(args.compare.split(",")) - {"raw", "sqlalchemy"}
     if unknown:
         raise ValueError(f"--compare takes raw and/or sqlalchemy, not {', '.join(sorted(unknown))}")

@@ -137,12 +137,11 @@ async def cmd_doctor(args: argparse.Namespace) -> None:
 
 
 async def doctor(db: Database) -> None:
-    version_sql = "SELECT sqlite_version()" if db.name == "sqlite" else "SELECT version()"
     report: dict[str, Any] = {
         "url": db.url.describe(),
         "backend": db.backend,
         "healthy": await db.is_healthy(),
-        "server_version": await db.fetch_value(db.raw(version_sql)),
+        "server_version": await db.fetch_value(db.raw(db.adapter.version_sql)),
         "server_time": (await db.now()).isoformat(),
     }
     adapter = db.adapter
@@ -227,7 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     tail = command("tail", cmd_outbox_tail, "print entries as JSON lines", outbox)
     tail.add_argument("--after", help="start after this versionstamp")
     tail.add_argument("--follow", action="store_true", help="keep waiting for new entries")
-    tail.add_argument("--json", action="store_true", help="JSON lines (the default and only format)")
+    tail.add_argument(
+        "--json", action="store_true", help="JSON lines (the default and only format)"
+    )
     tail.add_argument("--poll", type=float, default=0.5)
     command("consumers", cmd_outbox_consumers, "cursor, lag and dead letters per consumer", outbox)
     command("doctor", cmd_doctor, "connectivity, versions, capabilities, pool settings")

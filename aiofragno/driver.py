@@ -143,6 +143,8 @@ class DialectAdapter:
     max_identifier_length: int
     # One statement returning the database's current time (UTC).
     now_sql: str
+    # One statement returning the server's version string.
+    version_sql: str
     # Appended to a SELECT to hold a shared row lock until commit ("" if the
     # database serializes writers anyway).
     row_share_lock: str

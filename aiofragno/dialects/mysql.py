@@ -34,6 +34,7 @@ ADAPTER = DialectAdapter(
     default_naming="suffix",
     max_identifier_length=64,
     now_sql="SELECT UTC_TIMESTAMP(6)",
+    version_sql="SELECT version()",
     row_share_lock=" LOCK IN SHARE MODE",
     storage=StorageProfile(timestamp="utc-naive", string_max_chars=255, decimal_digits=(35, 30)),
     ddl=DdlSpec(

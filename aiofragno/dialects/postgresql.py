@@ -35,6 +35,7 @@ ADAPTER = DialectAdapter(
     default_naming="schema",
     max_identifier_length=63,
     now_sql="SELECT clock_timestamp()",
+    version_sql="SELECT version()",
     row_share_lock=" FOR SHARE",
     storage=StorageProfile(text_rejects_nul=True, extreme_dates_are_infinity=True),
     ddl=DdlSpec(

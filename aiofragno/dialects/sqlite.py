@@ -67,6 +67,7 @@ _BASE = DialectAdapter(
     # SQLite has no limit; keep names portable to PostgreSQL's.
     max_identifier_length=63,
     now_sql="SELECT strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')",
+    version_sql="SELECT sqlite_version()",
     row_share_lock="",
     storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),
     ddl=DdlSpec(

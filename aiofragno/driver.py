@@ -9,7 +9,7 @@ this?"). This module imports nothing else of aiofragno's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -152,6 +152,9 @@ class DialectAdapter:
     ddl: DdlSpec
 
 
+StopWhen = Callable[[int, QueryResult], bool]
+
+
 class Connection(Protocol):
     """One open connection to the database, used by one task at a time.
 
@@ -159,6 +162,11 @@ class Connection(Protocol):
     as bound parameters; statements outside ``begin``/``commit`` autocommit;
     driver exceptions escape unchanged (the core translates them with
     :meth:`Dialect.translate_error`).
+
+    Round trips are the cost that matters, so a backend may defer ``begin``
+    and send it together with the transaction's first statement; a
+    transaction that ran no statement then commits or rolls back without
+    sending anything.
     """
 
     @property
@@ -170,9 +178,25 @@ class Connection(Protocol):
         """Run one statement and return its rows and counts."""
         ...
 
+    async def execute_batch(
+        self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
+    ) -> list[QueryResult]:
+        """Run ``queries`` in order, in as few round trips as the driver allows,
+        and return their results up to and including the first one for which
+        ``stop(index, result)`` is true (all of them if none is).
+
+        ``stop`` must be a pure function of its arguments: it may run on a
+        driver's thread. Statements after the stop point may have run as well
+        (a driver that sends the whole batch at once runs them all), so a
+        caller that stops inside a transaction rolls it back. A statement that
+        fails before the stop point raises its driver exception; the ones
+        after it did not run.
+        """
+        ...
+
     async def begin(self, isolation: IsolationLevel | None) -> None:
         """Start a transaction, at ``isolation`` if given (else the server's
-        default)."""
+        default). May be deferred to the next statement (see the class)."""
         ...
 
     async def commit(self) -> None: ...
@@ -192,6 +216,20 @@ class Connection(Protocol):
     async def close(self) -> None:
         """Close the connection. Idempotent; never raises for a dead peer."""
         ...
+
+
+async def execute_in_turn(
+    connection: Connection, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
+) -> list[QueryResult]:
+    """:meth:`Connection.execute_batch` for a driver that sends one statement
+    per round trip: nothing after the stop point is sent."""
+    results: list[QueryResult] = []
+    for index, query in enumerate(queries):
+        result = await connection.execute_query(query)
+        results.append(result)
+        if stop is not None and stop(index, result):
+            break
+    return results
 
 
 class Driver(Protocol):

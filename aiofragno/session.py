@@ -9,19 +9,28 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import runtime
-from .driver import CompiledQuery, Connection, Driver, IsolationLevel, QueryResult, Row
+from .driver import (
+    CompiledQuery,
+    Connection,
+    Driver,
+    IsolationLevel,
+    QueryResult,
+    Row,
+    StopWhen,
+)
 from .errors import CommitOutcomeUnknown, ConnectionLost, Error
 
 if TYPE_CHECKING:
     from .database import Database
 
 logger = logging.getLogger("aiofragno")
+T = TypeVar("T")
 
 # Rollbacks and resets must finish even when the task is being cancelled, but
 # must not hang on a dead peer.
@@ -64,18 +73,19 @@ class Session:
 
     async def execute(self, query: CompiledQuery) -> QueryResult:
         if logger.isEnabledFor(logging.DEBUG):
-            # Parameters stay out of logs (they may be personal data): their count only.
-            logger.debug("%s  -- %d parameter(s)", query.sql, len(query.parameters))
-        try:
-            return await self.connection.execute_query(query)
-        except Exception as exc:
-            error = self.fail(exc)
-            if error is exc:
-                raise
-            raise error from exc
-        except BaseException:
-            self.interrupted = True
-            raise
+            _log(query)
+        return await self._call(self.connection.execute_query(query))
+
+    async def execute_batch(
+        self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
+    ) -> list[QueryResult]:
+        """:meth:`Connection.execute_batch <aiofragno.driver.Connection.execute_batch>`:
+        ``queries`` in as few round trips as the driver allows, up to the first
+        result for which ``stop(index, result)`` is true."""
+        if logger.isEnabledFor(logging.DEBUG):
+            for query in queries:
+                _log(query)
+        return await self._call(self.connection.execute_batch(queries, stop))
 
     async def begin(self, isolation: IsolationLevel | None) -> None:
         await self._call(self.driver.begin_transaction(self.connection, isolation))
@@ -104,14 +114,22 @@ class Session:
             raise
         self.in_transaction = False
 
-    async def _call(self, operation: Any) -> None:
+    async def _call(self, operation: Awaitable[T]) -> T:
         try:
-            await operation
+            return await operation
         except Exception as exc:
-            raise self.fail(exc) from exc
+            error = self.fail(exc)
+            if error is exc:
+                raise
+            raise error from exc
         except BaseException:
             self.interrupted = True
             raise
+
+
+def _log(query: CompiledQuery) -> None:
+    # Parameters stay out of logs (they may be personal data): their count only.
+    logger.debug("%s  -- %d parameter(s)", query.sql, len(query.parameters))
 
 
 class Queries(ABC):

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from typing import TypeVar
 
 import aiosqlite
 
@@ -11,16 +10,15 @@ from ..dialects import sqlite
 from ..pool import PooledDialect
 from ..url import DatabaseURL, Options
 
+T = TypeVar("T")
+
 
 class AiosqliteConnection(sqlite.SqliteConnection):
-    async def _run(self, sql: str, parameters: Sequence[Any]) -> sqlite.Outcome:
-        # One thread hop for a statement without rows, two with rows. The cursor
-        # is not closed (a third hop): its statement has run to the end either
-        # way, so nothing is left active on the connection.
-        cursor = await self._raw.execute(sql, parameters)
-        description = cursor.description
-        rows = list(await cursor.fetchall()) if description is not None else []
-        return description, rows, cursor.rowcount, cursor.lastrowid
+    async def _call(self, call: sqlite.Call[T]) -> T:
+        # aiosqlite's hook for running a function on its thread: one hop for a
+        # whole batch, where its public execute/fetch calls take one each.
+        result: T = await self._raw._execute(call, self._raw._conn)
+        return result
 
     def _interrupt(self) -> None:
         # aiosqlite's own interrupt() is queued behind the running statement;

@@ -8,7 +8,9 @@ runs on that loop. Guarantees:
 
 * The trio task waits for a call without blocking the trio loop. A call costs
   one hop each way: ``loop.call_soon_threadsafe`` there, ``TrioToken.run_sync_soon``
-  back. ``is_closed`` reads through without a hop.
+  back. ``is_closed`` reads through without a hop; ``begin`` travels with the
+  transaction's first statement (as the Connection protocol allows), and a
+  batch crosses once however many statements it holds.
 * A call's result or exception comes back as the very object the driver
   produced, so the backend's error translation sees the driver's own types.
 * Cancelling the waiting trio task cancels the asyncio task, waits (shielded, at
@@ -31,7 +33,7 @@ import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any, Generic, Literal, TypeVar, cast
@@ -45,6 +47,7 @@ from ..driver import (
     IsolationLevel,
     QueryCompiler,
     QueryResult,
+    StopWhen,
 )
 from ..errors import ConnectionLost, DatabaseClosed
 from ..pool import Connector, Pool, PooledDialect, PooledDriver
@@ -295,11 +298,12 @@ def _notify(token: trio.lowlevel.TrioToken, callback: Callable[[], object]) -> N
 class BridgedConnection:
     """A driver connection living on the loop thread, used from trio."""
 
-    __slots__ = ("_bridge", "_closed", "raw")
+    __slots__ = ("_begin", "_bridge", "_closed", "raw")
 
     def __init__(self, bridge: AsyncioLoopThread, raw: Connection) -> None:
         self._bridge = bridge
         self._closed = False
+        self._begin: tuple[IsolationLevel | None] | None = None  # deferred begin
         self.raw = raw
 
     @property
@@ -307,21 +311,43 @@ class BridgedConnection:
         return self._closed or self.raw.is_closed
 
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
-        return await self._bridge.run(partial(self.raw.execute_query, query))
+        if self._begin is None:
+            return await self._bridge.run(partial(self.raw.execute_query, query))
+        return (await self.execute_batch((query,)))[0]
+
+    async def execute_batch(
+        self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
+    ) -> list[QueryResult]:
+        begin, self._begin = self._begin, None
+        raw = self.raw
+
+        async def batch() -> list[QueryResult]:
+            if begin is not None:
+                await raw.begin(*begin)
+            return await raw.execute_batch(queries, stop)
+
+        return await self._bridge.run(batch)
 
     async def begin(self, isolation: IsolationLevel | None) -> None:
-        await self._bridge.run(partial(self.raw.begin, isolation))
+        self._begin = (isolation,)
 
     async def commit(self) -> None:
+        if self._begin is not None:
+            self._begin = None  # nothing ran: nothing to commit
+            return
         await self._bridge.run(self.raw.commit)
 
     async def rollback(self) -> None:
+        if self._begin is not None:
+            self._begin = None
+            return
         await self._bridge.run(self.raw.rollback)
 
     async def ping(self) -> None:
         await self._bridge.run(self.raw.ping)
 
     async def reset(self) -> bool:
+        self._begin = None
         return await self._bridge.run(self.raw.reset)
 
     async def close(self) -> None:

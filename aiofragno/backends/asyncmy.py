@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
+from itertools import chain
 from typing import Any
 
 import asyncmy
@@ -18,7 +19,7 @@ import asyncmy.errors
 from asyncmy.constants import CLIENT, FIELD_TYPE
 
 from ..dialects import mysql
-from ..driver import CompiledQuery, IsolationLevel, QueryResult, Row, column_index
+from ..driver import CompiledQuery, IsolationLevel, QueryResult, Row, StopWhen, column_index
 from ..errors import (
     ConnectionLost,
     DatabaseUnavailable,
@@ -74,12 +75,34 @@ def _utc_rows(description: Any, tuples: list[tuple[Any, ...]]) -> list[tuple[Any
 Killer = Callable[[int], Awaitable[None]]
 
 
+async def _read_result(cursor: Any) -> QueryResult:
+    description = cursor.description
+    if description is None:
+        return QueryResult([], cursor.rowcount, cursor.lastrowid or None)
+    tuples = _utc_rows(description, await cursor.fetchall())
+    index = column_index([column[0] for column in description])
+    return QueryResult([Row(index, values) for values in tuples], len(tuples))
+
+
+async def _drain(cursor: Any) -> None:
+    """Read the results of statements past a batch's stop point: the server
+    ran them, and their errors no longer matter (the caller rolls back)."""
+    with contextlib.suppress(asyncmy.errors.MySQLError):
+        while await cursor.nextset():
+            pass
+
+
 class AsyncmyConnection:
-    __slots__ = ("_kill", "_raw")
+    """Batches travel as one multi-statement text (asyncmy always negotiates
+    CLIENT_MULTI_STATEMENTS and binds values client-side), so a batch costs one
+    round trip, and a deferred ``begin`` rides along with the next one."""
+
+    __slots__ = ("_begin", "_kill", "_raw")
 
     def __init__(self, raw: Any, kill: Killer) -> None:
         self._raw = raw
         self._kill = kill
+        self._begin: list[str] = []  # statements to send ahead of the next batch
 
     @property
     def is_closed(self) -> bool:
@@ -87,31 +110,55 @@ class AsyncmyConnection:
         return not self._raw.connected or bool(self._raw._stream_broken)
 
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
+        return (await self.execute_batch((query,)))[0]
+
+    async def execute_batch(
+        self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
+    ) -> list[QueryResult]:
+        lead, self._begin = self._begin, []
+        if len(queries) == 1 and not lead:
+            sql, parameters = queries[0]
+        else:
+            sql = ";\n".join([*lead, *(query.sql for query in queries)])
+            parameters = tuple(chain.from_iterable(query.parameters for query in queries))
+        results: list[QueryResult] = []
         async with self._raw.cursor() as cursor:
-            await cursor.execute(query.sql, query.parameters)
-            description = cursor.description
-            if description is None:
-                return QueryResult([], cursor.rowcount, cursor.lastrowid or None)
-            tuples = _utc_rows(description, await cursor.fetchall())
-        index = column_index([column[0] for column in description])
-        return QueryResult([Row(index, values) for values in tuples], len(tuples))
+            await cursor.execute(sql, parameters)
+            for _ in lead:
+                await cursor.nextset()
+            for index in range(len(queries)):
+                if index:
+                    await cursor.nextset()
+                result = await _read_result(cursor)
+                results.append(result)
+                if stop is not None and stop(index, result):
+                    await _drain(cursor)
+                    break
+        return results
 
     async def begin(self, isolation: IsolationLevel | None) -> None:
         if isolation is not None:
             # Applies to the next transaction only.
-            await self._raw.query(mysql.isolation_statement(isolation))
-        await self._raw.begin()
+            self._begin.append(mysql.isolation_statement(isolation))
+        self._begin.append("BEGIN")
 
     async def commit(self) -> None:
+        if self._begin:
+            self._begin = []  # nothing ran: nothing to commit
+            return
         await self._raw.commit()
 
     async def rollback(self) -> None:
+        if self._begin:
+            self._begin = []
+            return
         await self._raw.rollback()
 
     async def ping(self) -> None:
         await self._raw.ping(reconnect=False)
 
     async def reset(self) -> bool:
+        self._begin = []
         # An interrupted read leaves the protocol stream mid-packet, so the
         # connection is discarded; the server would go on running the statement
         # (holding its locks) unless told to stop from another connection.

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
 
 from ..dialects import postgresql
-from ..driver import CompiledQuery, IsolationLevel, QueryResult, Row, column_index
+from ..driver import (
+    CompiledQuery,
+    IsolationLevel,
+    QueryResult,
+    Row,
+    StopWhen,
+    column_index,
+    execute_in_turn,
+)
 from ..errors import (
     ConnectionLost,
     DatabaseUnavailable,
@@ -76,6 +85,13 @@ class AsyncpgConnection:
             return QueryResult([], _rows_affected(status, 0))
         index = column_index(list(records[0].keys()))
         return QueryResult([Row(index, r) for r in records], _rows_affected(status, len(records)))
+
+    async def execute_batch(
+        self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
+    ) -> list[QueryResult]:
+        # The extended protocol carries one statement per Parse, and asyncpg
+        # pipelines only executemany: one round trip per statement.
+        return await execute_in_turn(self, queries, stop)
 
     async def begin(self, isolation: IsolationLevel | None) -> None:
         await self._raw.execute(postgresql.begin_sql(isolation))

@@ -14,7 +14,7 @@ import contextlib
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
@@ -80,8 +80,8 @@ class ThreadSqliteConnection(sqlite.SqliteConnection):
         super().__init__(raw, gate)
         self._worker = worker
 
-    async def _run(self, sql: str, parameters: Sequence[Any]) -> sqlite.Outcome:
-        return await self._worker.run(partial(sqlite.run_statement, self._raw, sql, parameters))
+    async def _call(self, call: sqlite.Call[T]) -> T:
+        return await self._worker.run(partial(call, self._raw))
 
     def _interrupt(self) -> None:
         self._raw.interrupt()

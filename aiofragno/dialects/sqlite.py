@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import sqlite3
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from .. import runtime
 from ..driver import (
@@ -30,6 +31,7 @@ from ..driver import (
     IsolationLevel,
     QueryResult,
     Row,
+    StopWhen,
     StorageProfile,
     column_index,
 )
@@ -241,17 +243,24 @@ class WriteGate:
         self._semaphore.release()
 
 
-Outcome = tuple[Sequence[Sequence[Any]] | None, list[tuple[Any, ...]], int, int | None]
+T = TypeVar("T")
+# Runs on the sqlite3 connection's own thread.
+Call = Callable[[sqlite3.Connection], T]
 
 
 class SqliteConnection(ABC):
-    """A SQLite connection; subclasses say how ``_run`` reaches sqlite3."""
+    """A SQLite connection; subclasses say how a call reaches sqlite3's thread.
+
+    Every statement costs a thread hop each way, so whole batches go in one
+    call, and ``begin`` (which only queues on the write gate) sends its
+    ``BEGIN IMMEDIATE`` with the transaction's first statement."""
 
     def __init__(self, raw: Any, gate: WriteGate) -> None:
         # raw: a sqlite3.Connection, or aiosqlite's wrapper around one.
         self._raw = raw
         self._gate = gate
         self._holds_gate = False
+        self._begin_pending = False
         self._closed = False
 
     @property
@@ -265,8 +274,8 @@ class SqliteConnection(ABC):
         return False
 
     @abstractmethod
-    async def _run(self, sql: str, parameters: Sequence[Any]) -> Outcome:
-        """Execute in sqlite3's thread: (description, rows, rowcount, lastrowid)."""
+    async def _call(self, call: Call[T]) -> T:
+        """``call(sqlite3 connection)`` on the connection's thread."""
 
     @abstractmethod
     async def _close_raw(self) -> None:
@@ -276,65 +285,61 @@ class SqliteConnection(ABC):
     def _interrupt(self) -> None:
         """Make the statement running in sqlite3's thread stop (thread-safe)."""
 
-    async def _interruptible(self, sql: str, parameters: Sequence[Any]) -> Outcome:
+    async def _interruptible(self, call: Call[T]) -> T:
         try:
-            return await self._run(sql, parameters)
+            return await self._call(call)
         except runtime.get_cancelled_exc_class():
             # The thread would otherwise run the statement to its end.
             self._interrupt()
             raise
 
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
-        if self._holds_gate or _is_read_only(query.sql):
-            outcome = await self._interruptible(query.sql, query.parameters)
-        else:
-            await self._gate.acquire()
-            try:
-                outcome = await self._interruptible(query.sql, query.parameters)
-            finally:
-                self._gate.release()
-        description, tuples, rowcount, lastrowid = outcome
-        if description is None:
-            # sqlite3 keeps lastrowid from the connection's last INSERT: report
-            # it only for the statement that inserted.
-            inserted = query.sql.lstrip()[:7].lower() in ("insert ", "replace")
-            return QueryResult([], max(rowcount, 0), lastrowid if inserted else None)
-        index = column_index([column[0] for column in description])
-        rows = [Row(index, values) for values in tuples]
-        return QueryResult(rows, len(rows), lastrowid)
+        return (await self.execute_batch((query,)))[0]
+
+    async def execute_batch(
+        self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
+    ) -> list[QueryResult]:
+        begin, self._begin_pending = self._begin_pending, False
+        call = partial(run_batch, queries=queries, stop=stop, begin=begin)
+        if self._holds_gate or all(_is_read_only(query.sql) for query in queries):
+            return await self._interruptible(call)
+        await self._gate.acquire()
+        try:
+            return await self._interruptible(call)
+        finally:
+            self._gate.release()
 
     async def begin(self, isolation: IsolationLevel | None) -> None:
         # SQLite transactions are serializable, which satisfies every level.
         await self._gate.acquire()
         self._holds_gate = True
-        try:
-            await self._run("BEGIN IMMEDIATE", ())
-        except BaseException:
-            self._release_gate()
-            raise
+        self._begin_pending = True
 
     async def commit(self) -> None:
-        await self._run("COMMIT", ())
+        if self._begin_pending:
+            self._begin_pending = False  # nothing ran: nothing to commit
+        else:
+            await self._call(partial(_run_sql, sql="COMMIT"))
         self._release_gate()
 
     async def rollback(self) -> None:
         try:
-            if self._raw.in_transaction:
-                await self._run("ROLLBACK", ())
+            if self._begin_pending:
+                self._begin_pending = False
+            elif self._raw.in_transaction:
+                await self._call(partial(_run_sql, sql="ROLLBACK"))
         finally:
             self._release_gate()
 
     async def ping(self) -> None:
-        await self._run("SELECT 1", ())
+        await self._call(partial(_run_sql, sql="SELECT 1"))
 
     async def configure(self, url: DatabaseURL, options: Options) -> None:
         """Apply the connection settings; closes the connection if that fails."""
         try:
-            for statement in _pragmas(url, options):
-                # Through _run, so each statement is finished and its cursor
-                # closed: a statement left open would make every later one fail
-                # after an interrupt().
-                await self._run(statement, ())
+            await self._call(
+                partial(run_batch, queries=[CompiledQuery(s) for s in _pragmas(url, options)])
+            )
         except BaseException:
             with runtime.shielded():
                 await self.close()
@@ -351,6 +356,7 @@ class SqliteConnection(ABC):
         if self._closed:
             return
         self._closed = True
+        self._begin_pending = False
         self._release_gate()
         await self._close_raw()
 
@@ -360,11 +366,43 @@ class SqliteConnection(ABC):
             self._gate.release()
 
 
-def run_statement(raw: sqlite3.Connection, sql: str, parameters: Sequence[Any]) -> Outcome:
-    """One statement, start to finish, on the calling thread."""
-    cursor = raw.execute(sql, parameters)
+def run_batch(
+    raw: sqlite3.Connection,
+    *,
+    queries: Sequence[CompiledQuery],
+    stop: StopWhen | None = None,
+    begin: bool = False,
+) -> list[QueryResult]:
+    """Statements start to finish on the calling thread (sqlite3's), after
+    ``BEGIN IMMEDIATE`` when ``begin``, up to the stop point."""
+    if begin:
+        _run_sql(raw, "BEGIN IMMEDIATE")
+    results: list[QueryResult] = []
+    for index, query in enumerate(queries):
+        result = _run_query(raw, query)
+        results.append(result)
+        if stop is not None and stop(index, result):
+            break
+    return results
+
+
+def _run_query(raw: sqlite3.Connection, query: CompiledQuery) -> QueryResult:
+    # Each cursor is finished and closed: a statement left open would make
+    # every later one fail after an interrupt().
+    cursor = raw.execute(query.sql, query.parameters)
     try:
-        rows = cursor.fetchall() if cursor.description is not None else []
-        return cursor.description, rows, cursor.rowcount, cursor.lastrowid
+        description = cursor.description
+        if description is None:
+            # sqlite3 keeps lastrowid from the connection's last INSERT: report
+            # it only for the statement that inserted.
+            inserted = query.sql.lstrip()[:7].lower() in ("insert ", "replace")
+            return QueryResult([], max(cursor.rowcount, 0), cursor.lastrowid if inserted else None)
+        values = cursor.fetchall()
+        index = column_index([column[0] for column in description])
+        return QueryResult([Row(index, row) for row in values], len(values), cursor.lastrowid)
     finally:
         cursor.close()
+
+
+def _run_sql(raw: sqlite3.Connection, sql: str) -> None:
+    raw.execute(sql).close()

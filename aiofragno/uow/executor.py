@@ -87,7 +87,7 @@ class HeldConnection:
         async def read_all() -> list[QueryResult]:
             session = await self.get()
             try:
-                return [await session.execute(query) for query in queries]
+                return await session.execute_batch(queries)
             except BaseException:
                 await self.release()
                 raise
@@ -138,15 +138,22 @@ async def run_mutations(
             f"a unit of work can carry at most {MAX_INDEX + 1} outbox mutations, this one has "
             f"{len(writes)}; split it into several units"
         )
+    ops = uow.mutations
     session = await held.get()
     await session.begin(isolation)
     try:
-        for op in uow.mutations:
+        for op in ops:
             notify(op.query)
-            if op.conflicted(await session.execute(op.query)):
-                raise _Conflict(
-                    f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
-                )
+        # One batch (one round trip where the driver can), cut short at the
+        # first conflict: what ran after it is rolled back below.
+        results = await session.execute_batch(
+            [op.query for op in ops], lambda index, result: ops[index].conflicted(result)
+        )
+        op = ops[len(results) - 1]
+        if op.conflicted(results[-1]):
+            raise _Conflict(
+                f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
+            )
         if db.options.outbox and writes:
             uow.versionstamp = await write_entry(
                 session,

@@ -81,10 +81,11 @@ class Pool:
 
     async def acquire(self) -> Connection:
         self._check_open()
-        try:
-            self._slots.acquire_nowait()  # the common case: no timer, no cancel scope
-        except runtime.WouldBlock:
-            await self._wait_for_slot()
+        if not await runtime.acquire_within(self._slots, self._acquire_timeout):
+            raise PoolTimeout(
+                f"no connection free after {self._acquire_timeout}s "
+                f"({self.size} in use); raise pool_size or hold connections for less time"
+            )
         try:
             self._check_open()
             connection, created = await self._checkout()
@@ -93,16 +94,6 @@ class Pool:
             raise
         self._in_use[connection] = created
         return connection
-
-    async def _wait_for_slot(self) -> None:
-        try:
-            with runtime.fail_after(self._acquire_timeout):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise PoolTimeout(
-                f"no connection free after {self._acquire_timeout}s "
-                f"({self.size} in use); raise pool_size or hold connections for less time"
-            ) from None
 
     async def release(self, connection: Connection, *, discard: bool = False) -> None:
         created = self._in_use.pop(connection, None)

@@ -1,7 +1,7 @@
 """Where a transfer unit's time goes: aiofragno's own code vs the driver.
 
-Runs the ``aiofragno`` and ``raw`` variants of ``benchmarks.transfer`` at
-concurrency 1 (after a warm-up) under a profiler:
+Runs the ``aiofragno`` and ``raw`` variants of ``benchmarks.transfer`` (at
+``--concurrency``, default 1, after a warm-up) under a profiler:
 
 * ``cprofile`` (default; the two variants alternate in chunks of the run):
   own time (tottime) of the event-loop thread grouped by area (each aiofragno
@@ -16,7 +16,7 @@ concurrency 1 (after a warm-up) under a profiler:
   and CPU time per unit of both variants.
 
     python -m benchmarks.profile_transfer --backend sqlite|postgresql|mysql \\
-        [--units 2000] [--profiler cprofile|pyinstrument]
+        [--units 2000] [--concurrency 1] [--profiler cprofile|pyinstrument]
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def by_area(stats: pstats.Stats) -> dict[str, float]:
 
 
 async def profiled(
-    variants: dict[str, Variant], units: int, chunks: int = 8
+    variants: dict[str, Variant], units: int, concurrency: int, chunks: int = 8
 ) -> dict[str, pstats.Stats]:
     """Profile each variant over ``units`` units, in interleaved chunks (so
     that load from elsewhere on the machine hits them alike)."""
@@ -83,20 +83,22 @@ async def profiled(
     for start in range(0, units, size):
         for name, variant in variants.items():
             profilers[name].enable()
-            await run(variant, work[start : start + size], 1)
+            await run(variant, work[start : start + size], concurrency)
             profilers[name].disable()
     return {name: pstats.Stats(p) for name, p in profilers.items()}
 
 
-async def cprofile_report(variants: dict[str, Variant], admin: af.Database, units: int) -> None:
+async def cprofile_report(
+    variants: dict[str, Variant], admin: af.Database, units: int, concurrency: int
+) -> None:
     await common.reset(admin)
-    stats = await profiled(variants, units)
+    stats = await profiled(variants, units, concurrency)
     areas = {name: by_area(s) for name, s in stats.items()}
     totals = {name: sum(a.values()) for name, a in areas.items()}
     names = sorted(
         {k for a in areas.values() for k in a}, key=lambda k: -areas["aiofragno"].get(k, 0)
     )
-    print(f"\ncProfile, {units} units at concurrency 1: own time per unit (us) and share")
+    print(f"\ncProfile, {units} units at concurrency {concurrency}: own time per unit (us) and share")
     rows = []
     for key in names:
         row: list[Any] = [key]
@@ -158,7 +160,9 @@ async def cprofile_report(variants: dict[str, Variant], admin: af.Database, unit
     )
 
 
-async def pyinstrument_report(variants: dict[str, Variant], admin: af.Database, units: int) -> None:
+async def pyinstrument_report(
+    variants: dict[str, Variant], admin: af.Database, units: int, concurrency: int
+) -> None:
     from pyinstrument import Profiler
 
     summary = []
@@ -166,7 +170,7 @@ async def pyinstrument_report(variants: dict[str, Variant], admin: af.Database, 
         await common.reset(admin)
         profiler = Profiler(interval=0.0002, async_mode="disabled")
         profiler.start()
-        await run(variant, common.plan(units, seed=3), 1)
+        await run(variant, common.plan(units, seed=3), concurrency)
         session = profiler.stop()
         summary.append(
             f"{name}: {session.duration / units * 1e6:.0f} us wall, "
@@ -182,6 +186,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backend", default="sqlite", choices=common.BACKENDS)
     parser.add_argument("--units", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--profiler", default="cprofile", choices=("cprofile", "pyinstrument"))
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="aiofragno-bench-") as tmp:
@@ -197,9 +202,9 @@ async def main(argv: Sequence[str] | None = None) -> None:
                     await v.open(admin)
                     await run(v, common.plan(args.warmup, seed=-1), 1)
                 if args.profiler == "cprofile":
-                    await cprofile_report(variants, admin, args.units)
+                    await cprofile_report(variants, admin, args.units, args.concurrency)
                 else:
-                    await pyinstrument_report(variants, admin, args.units)
+                    await pyinstrument_report(variants, admin, args.units, args.concurrency)
             finally:
                 for v in variants.values():
                     await v.close()

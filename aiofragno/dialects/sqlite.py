@@ -224,20 +224,12 @@ class WriteGate:
         self._timeout = timeout
 
     async def acquire(self) -> None:
-        try:
-            self._semaphore.acquire_nowait()
-            return
-        except runtime.WouldBlock:
-            pass  # queue up below
-        try:
-            with runtime.fail_after(self._timeout):
-                await self._semaphore.acquire()
-        except TimeoutError:
+        if not await runtime.acquire_within(self._semaphore, self._timeout):
             raise LockTimeout(
                 f"waited busy_timeout={self._timeout}s for this process's other writers; "
                 "shorten write transactions or raise busy_timeout",
                 sqlstate="55P03",
-            ) from None
+            )
 
     def release(self) -> None:
         self._semaphore.release()

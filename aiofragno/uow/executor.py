@@ -51,6 +51,9 @@ class UowHooks:
     on_conflict: Callable[[UnitOfWork, Exception], Any] | None = None
 
 
+NO_HOOKS = UowHooks()
+
+
 class _Conflict(Exception):
     """A checked operation matched no row."""
 
@@ -195,7 +198,7 @@ async def execute_uow(
 ) -> T:
     policy = DEFAULT_RETRY if retry is None else retry
     uow_id = new_external_id() if idempotency_key is None else idempotency_key
-    hooks = hooks or UowHooks()
+    hooks = hooks or NO_HOOKS
     notify = on_query or (lambda query: None)
     # One reconnect budget for the whole unit, shared by every retry inside it.
     with shared_deadline(db.options.reconnect_deadline) as lost:

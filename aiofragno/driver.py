@@ -136,9 +136,7 @@ class DialectAdapter:
     supports_transactional_ddl: bool
     supports_skip_locked: bool
     supports_advisory_locks: bool
-    outbox_version_strategy: Literal[
-        "insert-on-conflict-returning", "insert-on-duplicate-last-insert-id"
-    ]
+    outbox_version_strategy: Literal["insert-on-conflict-returning", "insert-on-duplicate-update"]
     default_naming: Literal["schema", "suffix"]
     max_identifier_length: int
     # One statement returning the database's current time (UTC).
@@ -148,6 +146,14 @@ class DialectAdapter:
     # Appended to a SELECT to hold a shared row lock until commit ("" if the
     # database serializes writers anyway).
     row_share_lock: str
+    # The outbox version as 20 lowercase hex digits, from the counter's text
+    # value ({value}: an SQL expression).
+    version_hex_sql: str
+    # Text turned into a JSON column's value ({x}: an SQL expression).
+    json_from_text_sql: str
+    # A data-modifying statement may sit in a WITH clause, so one statement
+    # can reserve an outbox version and write the entry.
+    supports_writable_cte: bool
     storage: StorageProfile
     ddl: DdlSpec
 

@@ -30,12 +30,15 @@ ADAPTER = DialectAdapter(
     supports_transactional_ddl=False,
     supports_skip_locked=True,
     supports_advisory_locks=True,
-    outbox_version_strategy="insert-on-duplicate-last-insert-id",
+    outbox_version_strategy="insert-on-duplicate-update",
     default_naming="suffix",
     max_identifier_length=64,
     now_sql="SELECT UTC_TIMESTAMP(6)",
     version_sql="SELECT version()",
     row_share_lock=" LOCK IN SHARE MODE",
+    version_hex_sql="LPAD(LOWER(HEX(CAST({value} AS UNSIGNED))), 20, '0')",
+    json_from_text_sql="{x}",
+    supports_writable_cte=False,
     storage=StorageProfile(timestamp="utc-naive", string_max_chars=255, decimal_digits=(35, 30)),
     ddl=DdlSpec(
         types={

@@ -37,6 +37,9 @@ ADAPTER = DialectAdapter(
     now_sql="SELECT clock_timestamp()",
     version_sql="SELECT version()",
     row_share_lock=" FOR SHARE",
+    version_hex_sql="lpad(to_hex(CAST({value} AS BIGINT)), 20, '0')",
+    json_from_text_sql="CAST({x} AS jsonb)",
+    supports_writable_cte=True,
     storage=StorageProfile(text_rejects_nul=True, extreme_dates_are_infinity=True),
     ddl=DdlSpec(
         types={

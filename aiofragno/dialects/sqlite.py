@@ -71,6 +71,9 @@ _BASE = DialectAdapter(
     now_sql="SELECT strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')",
     version_sql="SELECT sqlite_version()",
     row_share_lock="",
+    version_hex_sql="printf('%020x', CAST({value} AS INTEGER))",
+    json_from_text_sql="{x}",
+    supports_writable_cte=False,
     storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),
     ddl=DdlSpec(
         types={

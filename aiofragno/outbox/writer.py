@@ -10,78 +10,102 @@ polling ``versionstamp > cursor`` never skips an entry that commits later.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from .. import tagged_json
 from ..codec import ValueCodec, utc_now
-from ..driver import CompiledQuery, DialectAdapter, QueryCompiler
+from ..driver import CompiledQuery, DialectAdapter, QueryCompiler, QueryResult
 from ..migrate import SETTINGS_TABLE
-from ..session import Session
 from ..sql import Identifier, sql
 from .tables import OUTBOX_ID, VERSION_KEY
 
 if TYPE_CHECKING:
     from ..uow.ops import MutationOp
-from .versionstamp import versionstamp
-
-Notify = Callable[[CompiledQuery], Any]
 
 _RESERVE = {
     "insert-on-conflict-returning": (
         "INSERT INTO {t} ({k}, {v}) VALUES ({key}, '1') ON CONFLICT ({k}) "
         "DO UPDATE SET {v} = CAST(CAST({t}.{v} AS BIGINT) + 1 AS TEXT) RETURNING {v}"
     ),
-    "insert-on-duplicate-last-insert-id": (
+    "insert-on-duplicate-update": (
         "INSERT INTO {t} ({k}, {v}) VALUES ({key}, '1') "
-        "ON DUPLICATE KEY UPDATE {v} = LAST_INSERT_ID(CAST({v} AS UNSIGNED) + 1)"
+        "ON DUPLICATE KEY UPDATE {v} = CAST({v} AS UNSIGNED) + 1"
     ),
 }
+# The entry: its versionstamp and payload are the prepared texts with the
+# stand-in replaced by the reserved version, so nothing waits on a reply.
+_INSERT = (
+    "INSERT INTO {o} ({vs}, {u}, {p}, {r}, {c}) VALUES (REPLACE({stamp}, {stand_in}, {version}), "
+    "{uow_id}, {payload_json}, {refs}, {created})"
+)
+_PARAMETERS = ("stamp", "stand_in", "uow_id", "payload", "refs", "created")
+
+
+class _Prepared:
+    """A statement compiled once, with named parameters filled in per use."""
+
+    def __init__(self, compiler: QueryCompiler, template: str, **fields: Any) -> None:
+        markers = {name: f"af-outbox-{name}" for name in _PARAMETERS}
+        given = {**fields, **markers}
+        # (sql() refuses parameters its template does not use.)
+        used = {name: value for name, value in given.items() if f"{{{name}}}" in template}
+        compiled = compiler.compile(sql(template, **used))
+        names = {marker: name for name, marker in markers.items()}
+        self.sql = compiled.sql
+        # Per parameter position: the name filled in per use, or None and the
+        # value fixed at compile time.
+        self._slots = [(names.get(value), value) for value in compiled.parameters]
+
+    def bind(self, values: dict[str, Any]) -> CompiledQuery:
+        return CompiledQuery(
+            self.sql, tuple(value if name is None else values[name] for name, value in self._slots)
+        )
 
 
 class OutboxStatements:
-    """The writer's SQL for one dialect, compiled once: the reservation has no
-    varying parameter, the insert only its values."""
+    """The writer's SQL for one dialect, compiled once: the statements that
+    reserve the next version and write the entry, the last one returning the
+    entry's versionstamp. One statement where the database allows a
+    data-modifying WITH (PostgreSQL); else the reservation, the insert (which
+    reads the version back from the counter row this transaction holds) and,
+    without RETURNING, a SELECT of the versionstamp."""
 
     def __init__(self, compiler: QueryCompiler, adapter: DialectAdapter) -> None:
-        names = {"t": Identifier(SETTINGS_TABLE), "k": Identifier("key"), "v": Identifier("value")}
-        self.reserve = compiler.compile(
-            sql(_RESERVE[adapter.outbox_version_strategy], **names, key=VERSION_KEY)
-        )
-        self.last_insert_id = compiler.compile(sql("SELECT LAST_INSERT_ID() AS v"))
-        self.insert = compiler.compile(
-            sql(
-                "INSERT INTO {t} ({vs}, {u}, {p}, {r}, {c}) VALUES ({a}, {b}, {c_}, {d}, {e})",
-                t=OUTBOX_ID,
-                vs=Identifier("versionstamp"),
-                u=Identifier("uow_id"),
-                p=Identifier("payload"),
-                r=Identifier("ref_map"),
-                c=Identifier("created_at"),
-                a="",
-                b="",
-                c_="",
-                d="",
-                e="",
-            )
-        ).sql
+        names = {
+            "t": Identifier(SETTINGS_TABLE),
+            "k": Identifier("key"),
+            "v": Identifier("value"),
+            "o": OUTBOX_ID,
+            "vs": Identifier("versionstamp"),
+            "u": Identifier("uow_id"),
+            "p": Identifier("payload"),
+            "r": Identifier("ref_map"),
+            "c": Identifier("created_at"),
+            "key": VERSION_KEY,
+        }
+        self.entry = [_Prepared(compiler, template, **names) for template in _templates(adapter)]
+
+    def queries(self, values: dict[str, Any]) -> list[CompiledQuery]:
+        return [statement.bind(values) for statement in self.entry]
 
 
-async def reserve_version(session: Session, statements: OutboxStatements, notify: Notify) -> int:
-    """The next outbox version; its row lock is held until the transaction ends."""
-    notify(statements.reserve)
-    result = await session.execute(statements.reserve)
-    if result.rows:
-        return int(next(iter(result.rows[0].values())))
-    if result.rows_affected == 1:
-        return 1  # MySQL inserted the counter row: the first version
-    if result.insert_id:  # MySQL reports LAST_INSERT_ID(expr) in the OK packet
-        return int(result.insert_id)
-    notify(statements.last_insert_id)
-    last = await session.execute(statements.last_insert_id)
-    return int(last.rows[0]["v"])
+def _templates(adapter: DialectAdapter) -> list[str]:
+    reserve = _RESERVE[adapter.outbox_version_strategy]
+    hex_version = "(SELECT " + adapter.version_hex_sql.format(value="{v}")
+    payload = adapter.json_from_text_sql.format(x="REPLACE({payload}, {stand_in}, {version})")
+    insert = _INSERT.replace("{payload_json}", payload)
+    returning = " RETURNING {vs}" if adapter.supports_returning else ""
+    if adapter.supports_writable_cte:
+        version = hex_version + " FROM reserved)"
+        return [f"WITH reserved AS ({reserve}) " + insert.replace("{version}", version) + returning]
+    version = hex_version + " FROM {t} WHERE {k} = {key})"
+    templates = [reserve, insert.replace("{version}", version) + returning]
+    if not returning:
+        templates.append("SELECT REPLACE({stamp}, {stand_in}, " + version + ")")
+    return templates
 
 
 def _payload_value(kind: str, value: Any) -> Any:
@@ -135,32 +159,35 @@ def describe(
     return mutations, ref_map
 
 
-async def write_entry(
-    session: Session,
+def entry_queries(
     statements: OutboxStatements,
     codec: ValueCodec,
-    notify: Notify,
     *,
     uow_id: str,
     schema: str,
     namespace: str,
     writes: Sequence[MutationOp],
-) -> str:
-    """Write the outbox row of a unit with these ``writes`` (creates, updates,
-    deletes — never checks); returns its versionstamp."""
-    # Everything but the version is prepared before the reservation: from the
-    # reservation to COMMIT every outbox writer waits for this one, so that
-    # window holds only the insert. A random stand-in takes the version's place
-    # in the payload text until it is known.
+) -> list[CompiledQuery]:
+    """The statements writing the outbox entry of a unit with these ``writes``
+    (creates, updates, deletes — never checks), run last in its transaction;
+    the last one returns the entry's versionstamp (see :func:`versionstamp_of`)."""
+    # A random stand-in takes the version's place in the prepared texts; the
+    # database swaps in the version it reserves, so from the reservation to
+    # COMMIT nothing waits for a reply from us.
     stand_in = os.urandom(10).hex()
     mutations, ref_map = describe(schema, namespace, writes, stand_in)
-    payload = tagged_json.dumps({"version": 1, "mutations": mutations})
-    refs = tagged_json.dumps(ref_map) if ref_map else None
-    created = codec.encoder("timestamp")(utc_now())
-    version = await reserve_version(session, statements, notify)
-    stamp = versionstamp(version)
-    payload = payload.replace(stand_in, stamp[:20])
-    insert = CompiledQuery(statements.insert, (stamp, uow_id, payload, refs, created))
-    notify(insert)
-    await session.execute(insert)
-    return stamp
+    return statements.queries(
+        {
+            "stamp": stand_in + "0000",
+            "stand_in": stand_in,
+            "uow_id": uow_id,
+            "payload": tagged_json.dumps({"version": 1, "mutations": mutations}),
+            "refs": tagged_json.dumps(ref_map) if ref_map else None,
+            "created": codec.encoder("timestamp")(utc_now()),
+        }
+    )
+
+
+def versionstamp_of(result: QueryResult) -> str:
+    """The versionstamp returned by the last of :func:`entry_queries`."""
+    return str(next(iter(result.rows[0].values())))

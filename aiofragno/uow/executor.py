@@ -21,7 +21,7 @@ from ..errors import (
 from ..migrate import SETTINGS_TABLE
 from ..outbox.tables import VERSION_KEY
 from ..outbox.versionstamp import MAX_INDEX
-from ..outbox.writer import write_entry
+from ..outbox.writer import entry_queries, versionstamp_of
 from ..resilience import retry_read, shared_deadline
 from ..schema import new_external_id
 from ..session import CLEANUP_TIMEOUT, Session
@@ -142,32 +142,35 @@ async def run_mutations(
             f"{len(writes)}; split it into several units"
         )
     ops = uow.mutations
+    queries = [op.query for op in ops]
+    if db.options.outbox and writes:
+        queries += entry_queries(
+            db.outbox_statements,
+            db.codec,
+            uow_id=uow.uow_id,
+            schema=catalog.layout.schema.name,
+            namespace=catalog.layout.namespace,
+            writes=writes,
+        )
+    for query in queries:
+        notify(query)
     session = await held.get()
     await session.begin(isolation)
     try:
-        for op in ops:
-            notify(op.query)
-        # One batch (one round trip where the driver can), cut short at the
-        # first conflict: what ran after it is rolled back below.
+        # One batch (one round trip where the driver can), the outbox entry
+        # last, cut short at the first conflict: what ran after it is rolled
+        # back below.
         results = await session.execute_batch(
-            [op.query for op in ops], lambda index, result: ops[index].conflicted(result)
+            queries, lambda index, result: index < len(ops) and ops[index].conflicted(result)
         )
-        op = ops[len(results) - 1]
-        if op.conflicted(results[-1]):
-            raise _Conflict(
-                f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
-            )
-        if db.options.outbox and writes:
-            uow.versionstamp = await write_entry(
-                session,
-                db.outbox_statements,
-                db.codec,
-                notify,
-                uow_id=uow.uow_id,
-                schema=catalog.layout.schema.name,
-                namespace=catalog.layout.namespace,
-                writes=writes,
-            )
+        if len(results) <= len(ops):
+            op = ops[len(results) - 1]
+            if op.conflicted(results[-1]):
+                raise _Conflict(
+                    f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
+                )
+        if len(queries) > len(ops):
+            uow.versionstamp = versionstamp_of(results[-1])
         await session.commit()
     except BaseException:
         await _rollback(session)

@@ -306,6 +306,40 @@ async def test_failed_check_rolls_back_create_in_same_unit(shop: Env) -> None:
     assert await read_account(shop, "carol") is None
 
 
+async def test_conflict_wins_over_an_error_later_in_the_batch(shop: Env) -> None:
+    """The mutation phase goes to the database as one batch; a stale check
+    early in it is reported as the conflict it is (and retried), even when a
+    statement after it fails — the failure may well be a consequence of the
+    stale read."""
+    ids = await seed_accounts(shop, "alice")
+    await shop.create("people", {"email": "taken@example.com"})
+
+    async def bump(uow: af.UnitOfWork) -> None:
+        uow.update("accounts", ids["alice"], {"note": "moved on"})
+
+    await shop.run(bump)
+    before = await shop.snapshot()
+
+    async def unit(uow: af.UnitOfWork) -> None:
+        uow.update("accounts", ids["alice"], {"balance": 0}, check=True)  # stale
+        uow.create("people", {"email": "taken@example.com"})  # unique violation
+
+    with pytest.raises(af.ConcurrencyConflict) as caught:
+        await shop.run(unit, retry=af.NoRetry())
+    assert caught.value.attempts == 1
+    assert await shop.snapshot() == before
+
+    async def fresh_unit(uow: af.UnitOfWork) -> None:
+        alice = uow.find_first("accounts", where={"owner": "alice"})
+        await uow.retrieve()
+        uow.update("accounts", alice.result["id"], {"balance": 0}, check=True)
+        uow.create("people", {"email": "taken@example.com"})
+
+    with pytest.raises(af.UniqueViolation):
+        await shop.run(fresh_unit, retry=af.NoRetry())  # not stale: the error is real
+    assert await shop.snapshot() == before
+
+
 async def test_created_ids_returned_in_order(shop: Env) -> None:
     owners = [f"owner{i}" for i in range(7)]
 

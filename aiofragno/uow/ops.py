@@ -155,10 +155,12 @@ class Find(RetrievalOp):
                 condition.render(ctx)
             else:
                 self._render_keyset(ctx, condition)
-        keys = [
-            f"{table.column(name).qualified}{' DESC' if desc else ''}" for name, desc in self.order
-        ]
-        ctx.text(f" ORDER BY {', '.join([*keys, table.internal_id])}")
+        if ctx.build_text:  # (the walk for parameters alone skips building text)
+            keys = [
+                f"{table.column(name).qualified}{' DESC' if desc else ''}"
+                for name, desc in self.order
+            ]
+            ctx.text(f" ORDER BY {', '.join([*keys, table.internal_id])}")
         if self.limit is not None:
             ctx.text(" LIMIT ")
             ctx.raw_value(self.limit + 1)  # one more tells whether another page exists
@@ -316,11 +318,12 @@ class Create(MutationOp):
 
     def render(self, ctx: Compiling) -> None:
         table = self.table
-        columns = [
-            table.columns[EXTERNAL_ID].quoted,
-            *(table.columns[n].quoted for n in self.values),
-        ]
-        ctx.text(f"INSERT INTO {table.sql_name} ({', '.join(columns)}) VALUES (")
+        if ctx.build_text:
+            columns = [
+                table.columns[EXTERNAL_ID].quoted,
+                *(table.columns[n].quoted for n in self.values),
+            ]
+            ctx.text(f"INSERT INTO {table.sql_name} ({', '.join(columns)}) VALUES (")
         ctx.raw_value(str(self.target))
         for name, value in self.values.items():
             ctx.text(", ")
@@ -361,24 +364,29 @@ class Update(MutationOp):
     def render(self, ctx: Compiling) -> None:
         table = self.table
         ctx.text(f"UPDATE {table.sql_name} SET ")
+        build = ctx.build_text
         for name, value in self.values.items():
-            ctx.text(f"{table.columns[name].quoted} = ")
+            if build:
+                ctx.text(f"{table.columns[name].quoted} = ")
             if value is None:
                 ctx.text("NULL")
             else:
                 ctx.value(name, value)
             ctx.text(", ")
-        version = ctx.catalog.compiler.quote_identifier(VERSION)
-        ctx.text(f"{version} = {version} + 1")
+        if build:
+            version = ctx.catalog.compiler.quote_identifier(VERSION)
+            ctx.text(f"{version} = {version} + 1")
         _render_target(ctx, self.target, self.checked)
 
 
 def _render_target(ctx: Compiling, target: RowId | str, checked: bool) -> None:
     quote = ctx.catalog.compiler.quote_identifier
-    ctx.text(f" WHERE {quote(EXTERNAL_ID)} = ")
+    if ctx.build_text:
+        ctx.text(f" WHERE {quote(EXTERNAL_ID)} = ")
     ctx.raw_value(str(target))
     if checked:
-        ctx.text(f" AND {quote(VERSION)} = ")
+        if ctx.build_text:
+            ctx.text(f" AND {quote(VERSION)} = ")
         ctx.raw_value(getattr(target, "version", None))
 
 

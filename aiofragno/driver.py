@@ -207,6 +207,13 @@ class Connection(Protocol):
 
     async def commit(self) -> None: ...
 
+    async def commit_batch(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
+        """Run ``queries`` in the open transaction, then COMMIT it, in as few
+        round trips as the driver allows — so that locks the statements take
+        are released without waiting on the caller. A statement that fails
+        raises before COMMIT is sent, leaving the transaction open."""
+        ...
+
     async def rollback(self) -> None: ...
 
     async def ping(self) -> None:
@@ -236,6 +243,19 @@ async def execute_in_turn(
         if stop is not None and stop(index, result):
             break
     return results
+
+
+async def commit_in_turn(
+    connection: Connection, queries: Sequence[CompiledQuery]
+) -> list[QueryResult]:
+    """:meth:`Connection.commit_batch` for a driver that sends one statement
+    per round trip."""
+    results = await execute_in_turn(connection, queries)
+    await connection.commit()
+    return results
+
+
+COMMIT = CompiledQuery("COMMIT")
 
 
 class Driver(Protocol):

@@ -105,10 +105,18 @@ class Session:
         await self._call(self.driver.rollback_transaction(self.connection))
         self.in_transaction = False
 
-    async def commit(self) -> None:
+    async def commit(self, queries: Sequence[CompiledQuery] = ()) -> list[QueryResult]:
+        """COMMIT, after running ``queries`` in the same round trip where the
+        driver can (:meth:`Connection.commit_batch
+        <aiofragno.driver.Connection.commit_batch>`); their results. A lost
+        connection raises :class:`CommitOutcomeUnknown`."""
         was_open = not self.connection.is_closed
+        results: list[QueryResult] = []
         try:
-            await self.driver.commit_transaction(self.connection)
+            if queries:
+                results = await self.connection.commit_batch(queries)
+            else:
+                await self.driver.commit_transaction(self.connection)
         except Exception as exc:
             error = self.fail(exc)
             if isinstance(error, ConnectionLost) and was_open:
@@ -123,6 +131,7 @@ class Session:
             self.interrupted = True
             raise
         self.in_transaction = False
+        return results
 
     async def _call(self, operation: Awaitable[T]) -> T:
         try:

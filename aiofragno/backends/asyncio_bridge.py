@@ -318,15 +318,23 @@ class BridgedConnection:
     async def execute_batch(
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
     ) -> list[QueryResult]:
+        return await self._after_begin(partial(self.raw.execute_batch, queries, stop))
+
+    async def commit_batch(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
+        return await self._after_begin(partial(self.raw.commit_batch, queries))
+
+    async def _after_begin(self, call: Factory[T]) -> T:
+        """``call`` on the loop, after the deferred ``begin`` if one is pending:
+        one crossing for both."""
         begin, self._begin = self._begin, None
         raw = self.raw
 
-        async def batch() -> list[QueryResult]:
+        async def run() -> T:
             if begin is not None:
                 await raw.begin(*begin)
-            return await raw.execute_batch(queries, stop)
+            return await call()
 
-        return await self._bridge.run(batch)
+        return await self._bridge.run(run)
 
     async def begin(self, isolation: IsolationLevel | None) -> None:
         self._begin = (isolation,)

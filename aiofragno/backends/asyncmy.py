@@ -19,7 +19,15 @@ import asyncmy.errors
 from asyncmy.constants import CLIENT, FIELD_TYPE
 
 from ..dialects import mysql
-from ..driver import CompiledQuery, IsolationLevel, QueryResult, Row, StopWhen, column_index
+from ..driver import (
+    COMMIT,
+    CompiledQuery,
+    IsolationLevel,
+    QueryResult,
+    Row,
+    StopWhen,
+    column_index,
+)
 from ..errors import (
     ConnectionLost,
     DatabaseUnavailable,
@@ -147,6 +155,11 @@ class AsyncmyConnection:
             self._begin = []  # nothing ran: nothing to commit
             return
         await self._raw.commit()
+
+    async def commit_batch(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
+        # COMMIT ends the multi-statement text: the server commits right after
+        # the last statement, without a round trip to us in between.
+        return (await self.execute_batch([*queries, COMMIT]))[:-1]
 
     async def rollback(self) -> None:
         if self._begin:

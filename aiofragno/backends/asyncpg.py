@@ -15,6 +15,7 @@ from ..driver import (
     Row,
     StopWhen,
     column_index,
+    commit_in_turn,
     execute_in_turn,
 )
 from ..errors import (
@@ -98,6 +99,9 @@ class AsyncpgConnection:
 
     async def commit(self) -> None:
         await self._raw.execute("COMMIT")
+
+    async def commit_batch(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
+        return await commit_in_turn(self, queries)
 
     async def rollback(self) -> None:
         await self._raw.execute("ROLLBACK")

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from .. import runtime
 from ..driver import (
+    COMMIT,
     CompiledQuery,
     DdlSpec,
     DialectAdapter,
@@ -316,6 +317,14 @@ class SqliteConnection(ABC):
         else:
             await self._call(partial(_run_sql, sql="COMMIT"))
         self._release_gate()
+
+    async def commit_batch(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
+        # One hop, and not interruptible: a cancelled caller must not cut the
+        # COMMIT short (the statements before it are the caller's last few).
+        begin, self._begin_pending = self._begin_pending, False
+        results = await self._call(partial(run_batch, queries=[*queries, COMMIT], begin=begin))
+        self._release_gate()
+        return results[:-1]
 
     async def rollback(self) -> None:
         try:

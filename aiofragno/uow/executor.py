@@ -143,8 +143,9 @@ async def run_mutations(
         )
     ops = uow.mutations
     queries = [op.query for op in ops]
+    entry: list[CompiledQuery] = []
     if db.options.outbox and writes:
-        queries += entry_queries(
+        entry = entry_queries(
             db.outbox_statements,
             db.codec,
             uow_id=uow.uow_id,
@@ -152,26 +153,26 @@ async def run_mutations(
             namespace=catalog.layout.namespace,
             writes=writes,
         )
-    for query in queries:
+    for query in (*queries, *entry):
         notify(query)
     session = await held.get()
     await session.begin(isolation)
     try:
-        # One batch (one round trip where the driver can), the outbox entry
-        # last, cut short at the first conflict: what ran after it is rolled
-        # back below.
+        # One batch (one round trip where the driver can), cut short at the
+        # first conflict: what ran after it is rolled back below.
         results = await session.execute_batch(
-            queries, lambda index, result: index < len(ops) and ops[index].conflicted(result)
+            queries, lambda index, result: ops[index].conflicted(result)
         )
-        if len(results) <= len(ops):
-            op = ops[len(results) - 1]
-            if op.conflicted(results[-1]):
-                raise _Conflict(
-                    f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
-                )
-        if len(queries) > len(ops):
-            uow.versionstamp = versionstamp_of(results[-1])
-        await session.commit()
+        op = ops[len(results) - 1]
+        if op.conflicted(results[-1]):
+            raise _Conflict(
+                f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
+            )
+        # The outbox entry reserves its version (locking the counter row until
+        # COMMIT), so it goes out together with the COMMIT.
+        written = await session.commit(entry)
+        if entry:
+            uow.versionstamp = versionstamp_of(written[-1])
     except BaseException:
         await _rollback(session)
         raise

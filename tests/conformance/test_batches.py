@@ -156,3 +156,34 @@ async def test_deferred_begin_still_isolates(
                 await tx.execute(af.sql("UPDATE {t} SET v = 0 WHERE k = 2", t=table))
                 raise RuntimeError("roll back")
     assert await rows(db, table) == [(1, 99), (2, 20)]
+
+
+async def test_commit_with_statements(
+    db: af.Database, session: Session, table: af.Identifier
+) -> None:
+    """``Session.commit(queries)`` runs the statements and commits them with
+    the transaction (one round trip where the driver can)."""
+    await session.begin(None)
+    await session.execute(q(db, "UPDATE {t} SET v = 11 WHERE k = 1", t=table))
+    results = await session.commit(
+        [
+            q(db, "INSERT INTO {t} (k, v) VALUES (3, 30)", t=table),
+            q(db, "SELECT COUNT(*) AS n FROM {t}", t=table),
+        ]
+    )
+    assert not session.in_transaction
+    assert [r.rows_affected for r in results] == [1, 1]
+    assert int(results[1].rows[0]["n"]) == 3
+    assert await rows(db, table) == [(1, 11), (2, 20), (3, 30)]
+
+
+async def test_a_failing_statement_keeps_the_commit_from_happening(
+    db: af.Database, session: Session, table: af.Identifier
+) -> None:
+    await session.begin(None)
+    await session.execute(q(db, "UPDATE {t} SET v = 0 WHERE k = 2", t=table))
+    with pytest.raises(af.UniqueViolation):
+        await session.commit([q(db, "INSERT INTO {t} (k, v) VALUES (1, 0)", t=table)])
+    assert session.in_transaction
+    await session.rollback()
+    assert await rows(db, table) == [(1, 10), (2, 20)]

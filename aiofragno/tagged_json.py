@@ -21,7 +21,31 @@ _SAFE_INT = 2**53
 
 
 def _tag(value: Any) -> Any:
-    if isinstance(value, bool) or value is None or isinstance(value, str | float):
+    # Exact types first: payloads are mostly str, int and dict, and a type
+    # test is cheaper than the isinstance chain (subclasses, e.g. RowId, take
+    # the chain in _tag_other).
+    kind = type(value)
+    if kind is str or kind is float or kind is bool or value is None:
+        return value
+    if kind is int:
+        return value if -_SAFE_INT < value < _SAFE_INT else {"$int": str(value)}
+    if kind is dict:
+        return _tag_dict(value)
+    if kind is list:
+        return [_tag(v) for v in value]
+    return _tag_other(value)
+
+
+def _tag_dict(value: dict[Any, Any]) -> Any:
+    tagged = {str(k): _tag(v) for k, v in value.items()}
+    if len(tagged) == 1 and next(iter(tagged)).startswith("$"):
+        # As a pair list, so the reader cannot take the inner key for a tag.
+        return {"$obj": list(tagged.items())}
+    return tagged
+
+
+def _tag_other(value: Any) -> Any:
+    if isinstance(value, bool | str | float):
         return value
     if isinstance(value, int):
         return value if -_SAFE_INT < value < _SAFE_INT else {"$int": str(value)}
@@ -34,11 +58,7 @@ def _tag(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return {"$bytes": base64.b64encode(bytes(value)).decode()}
     if isinstance(value, dict):
-        tagged = {str(k): _tag(v) for k, v in value.items()}
-        if len(tagged) == 1 and next(iter(tagged)).startswith("$"):
-            # As a pair list, so the reader cannot take the inner key for a tag.
-            return {"$obj": list(tagged.items())}
-        return tagged
+        return _tag_dict(value)
     if isinstance(value, list | tuple):
         return [_tag(v) for v in value]
     raise TypeError(f"cannot encode {type(value).__name__} as tagged JSON")

@@ -1,0 +1,56 @@
+"""Tagged JSON (outbox payloads, cursors): every supported value comes back
+exactly, whichever branch of the encoder it takes."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+
+from aiofragno import tagged_json
+from aiofragno.schema import RowId
+
+
+class Text(str):
+    pass
+
+
+class Number(int):
+    pass
+
+
+def test_round_trip_of_every_kind() -> None:
+    value = {
+        "s": "plain",
+        "f": 1.5,
+        "t": True,
+        "n": None,
+        "small": 2**53 - 1,
+        "big": 2**53,
+        "negative_big": -(2**70),
+        "when": dt.datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=dt.UTC),
+        "day": dt.date(2024, 2, 29),
+        "money": Decimal("1.10"),
+        "raw": b"\x00\xffbytes",
+        "list": [1, "two", [3.0, None]],
+        "nested": {"a": {"b": [Decimal("0.1")]}},
+        "dollar": {"$dt": "not a tag"},
+    }
+    assert tagged_json.loads(tagged_json.dumps(value)) == value
+
+
+def test_subclasses_take_the_general_path() -> None:
+    text = tagged_json.dumps({"id": RowId("0190-abc", 3, 7), "t": Text("x"), "n": Number(2**60)})
+    assert tagged_json.loads(text) == {"id": "0190-abc", "t": "x", "n": 2**60}
+
+
+def test_bool_is_not_an_int_and_tuples_become_lists() -> None:
+    assert tagged_json.dumps([True, False, 1]) == "[true,false,1]"
+    assert tagged_json.loads(tagged_json.dumps((1, (2, 3)))) == [1, [2, 3]]
+    assert tagged_json.loads(tagged_json.dumps({1: "int key"})) == {"1": "int key"}
+
+
+def test_unknown_types_are_refused() -> None:
+    with pytest.raises(TypeError, match="set"):
+        tagged_json.dumps({"x": {1, 2}})

@@ -1,6 +1,6 @@
 """SQLite: capabilities, compiler settings, error codes, and the connection
 logic both SQLite backends share (they differ only in how a call reaches the
-``sqlite3`` connection: aiosqlite's thread, or an anyio worker thread).
+``sqlite3`` connection: aiosqlite's thread, or a worker thread of our own).
 
 Concurrency model. SQLite allows one writer at a time per database file. Every
 transaction starts with ``BEGIN IMMEDIATE`` (it takes the write lock up front,

@@ -61,7 +61,14 @@ async def test_results_come_back_per_statement_in_order(
         [
             q(db, "SELECT v FROM {t} WHERE k = {k}", t=table, k=2),
             q(db, "UPDATE {t} SET v = v + 1 WHERE k IN {ks}", t=table, ks=[1, 2]),
-            q(db, "INSERT INTO {t} (k, v, note) VALUES ({k}, {v}, {n})", t=table, k=3, v=30, n="%s;"),
+            q(
+                db,
+                "INSERT INTO {t} (k, v, note) VALUES ({k}, {v}, {n})",
+                t=table,
+                k=3,
+                v=30,
+                n="%s;",
+            ),
             q(db, "UPDATE {t} SET v = 0 WHERE k = {k}", t=table, k=99),
             q(db, "SELECT k, v, note FROM {t} ORDER BY k", t=table),
         ]

@@ -155,6 +155,7 @@ async def doctor(db: Database) -> None:
             "supports_skip_locked",
             "supports_advisory_locks",
             "outbox_version_strategy",
+            "supports_writable_cte",
             "default_naming",
         )
     }

@@ -80,6 +80,7 @@ def test_doctor(url: str) -> None:
     report = json.loads(result.stdout)
     assert report["healthy"] is True
     assert report["capabilities"]["outbox_version_strategy"].startswith("insert-on-")
+    assert isinstance(report["capabilities"]["supports_writable_cte"], bool)
 
 
 @pytest.mark.parametrize(

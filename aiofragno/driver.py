@@ -136,7 +136,9 @@ class DialectAdapter:
     supports_transactional_ddl: bool
     supports_skip_locked: bool
     supports_advisory_locks: bool
-    outbox_version_strategy: Literal["insert-on-conflict-returning", "insert-on-duplicate-update"]
+    outbox_version_strategy: Literal[
+        "insert-on-conflict-returning", "insert-on-duplicate-last-insert-id"
+    ]
     default_naming: Literal["schema", "suffix"]
     max_identifier_length: int
     # One statement returning the database's current time (UTC).

@@ -30,9 +30,11 @@ _RESERVE = {
         "INSERT INTO {t} ({k}, {v}) VALUES ({key}, '1') ON CONFLICT ({k}) "
         "DO UPDATE SET {v} = CAST(CAST({t}.{v} AS BIGINT) + 1 AS TEXT) RETURNING {v}"
     ),
-    "insert-on-duplicate-update": (
+    # LAST_INSERT_ID(expr) puts the new version in the statement's OK packet
+    # (its insert id), so no SELECT is needed to learn it.
+    "insert-on-duplicate-last-insert-id": (
         "INSERT INTO {t} ({k}, {v}) VALUES ({key}, '1') "
-        "ON DUPLICATE KEY UPDATE {v} = CAST({v} AS UNSIGNED) + 1"
+        "ON DUPLICATE KEY UPDATE {v} = LAST_INSERT_ID(CAST({v} AS UNSIGNED) + 1)"
     ),
 }
 # The entry: its versionstamp and payload are the prepared texts with the
@@ -68,10 +70,10 @@ class _Prepared:
 class OutboxStatements:
     """The writer's SQL for one dialect, compiled once: the statements that
     reserve the next version and write the entry, the last one returning the
-    entry's versionstamp. One statement where the database allows a
-    data-modifying WITH (PostgreSQL); else the reservation, the insert (which
-    reads the version back from the counter row this transaction holds) and,
-    without RETURNING, a SELECT of the versionstamp."""
+    entry's versionstamp where the database has RETURNING. One statement where
+    the database allows a data-modifying WITH (PostgreSQL); else the
+    reservation and the insert, which reads the version back from the counter
+    row this transaction holds."""
 
     def __init__(self, compiler: QueryCompiler, adapter: DialectAdapter) -> None:
         names = {
@@ -87,9 +89,22 @@ class OutboxStatements:
             "key": VERSION_KEY,
         }
         self.entry = [_Prepared(compiler, template, **names) for template in _templates(adapter)]
+        self._stamp_returned = adapter.supports_returning
 
     def queries(self, values: dict[str, Any]) -> list[CompiledQuery]:
         return [statement.bind(values) for statement in self.entry]
+
+    def versionstamp(self, results: Sequence[QueryResult]) -> str:
+        """The entry's versionstamp, from the results of :meth:`queries`."""
+        if self._stamp_returned:
+            return str(next(iter(results[-1].rows[0].values())))
+        reserved = results[0]
+        # One affected row: the counter row was created, at version 1; two:
+        # it was updated, and the insert id carries the new version.
+        version = 1 if reserved.rows_affected == 1 else reserved.insert_id
+        if version is None:
+            raise RuntimeError("the driver did not report the reserved outbox version")
+        return f"{version:020x}0000"
 
 
 def _templates(adapter: DialectAdapter) -> list[str]:
@@ -102,10 +117,7 @@ def _templates(adapter: DialectAdapter) -> list[str]:
         version = hex_version + " FROM reserved)"
         return [f"WITH reserved AS ({reserve}) " + insert.replace("{version}", version) + returning]
     version = hex_version + " FROM {t} WHERE {k} = {key})"
-    templates = [reserve, insert.replace("{version}", version) + returning]
-    if not returning:
-        templates.append("SELECT REPLACE({stamp}, {stand_in}, " + version + ")")
-    return templates
+    return [reserve, insert.replace("{version}", version) + returning]
 
 
 def _payload_value(kind: str, value: Any) -> Any:
@@ -170,7 +182,8 @@ def entry_queries(
 ) -> list[CompiledQuery]:
     """The statements writing the outbox entry of a unit with these ``writes``
     (creates, updates, deletes — never checks), run last in its transaction;
-    the last one returns the entry's versionstamp (see :func:`versionstamp_of`)."""
+    their results give the entry's versionstamp
+    (:meth:`OutboxStatements.versionstamp`)."""
     # A random stand-in takes the version's place in the prepared texts; the
     # database swaps in the version it reserves, so from the reservation to
     # COMMIT nothing waits for a reply from us.
@@ -186,8 +199,3 @@ def entry_queries(
             "created": codec.encoder("timestamp")(utc_now()),
         }
     )
-
-
-def versionstamp_of(result: QueryResult) -> str:
-    """The versionstamp returned by the last of :func:`entry_queries`."""
-    return str(next(iter(result.rows[0].values())))

@@ -21,7 +21,7 @@ from ..errors import (
 from ..migrate import SETTINGS_TABLE
 from ..outbox.tables import VERSION_KEY
 from ..outbox.versionstamp import MAX_INDEX
-from ..outbox.writer import entry_queries, versionstamp_of
+from ..outbox.writer import entry_queries
 from ..resilience import retry_read, shared_deadline
 from ..schema import new_external_id
 from ..session import CLEANUP_TIMEOUT, Session
@@ -172,7 +172,7 @@ async def run_mutations(
         # COMMIT), so it goes out together with the COMMIT.
         written = await session.commit(entry)
         if entry:
-            uow.versionstamp = versionstamp_of(written[-1])
+            uow.versionstamp = db.outbox_statements.versionstamp(written)
     except BaseException:
         await _rollback(session)
         raise

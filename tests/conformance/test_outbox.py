@@ -1402,9 +1402,16 @@ async def test_first_reservation_without_a_counter_row_is_version_one(
     await db.migrate(SHOP)
     await _delete_counter(db)
     assert await db.outbox.latest() is None
+    stamps: list[str | None] = []
+    hooks = af.UowHooks(after_mutation=lambda uow: stamps.append(uow.versionstamp))
     for n in range(3):
-        await db.execute_uow(lambda uow, n=n: _create_one(uow, f"o{n}"), schema=SHOP)
-    assert [version_of(e.versionstamp) for e in await db.outbox.list()] == [1, 2, 3]
+        await db.execute_uow(
+            lambda uow, n=n: _create_one(uow, f"o{n}"), schema=SHOP, hooks=hooks
+        )
+    entries = await db.outbox.list()
+    assert [version_of(e.versionstamp) for e in entries] == [1, 2, 3]
+    # What the unit reports is what it wrote, on both branches of the upsert.
+    assert stamps == [e.versionstamp for e in entries] == [stamp_of(v) for v in (1, 2, 3)]
 
 
 async def test_migrate_recreates_a_missing_counter_after_the_last_version(

@@ -17,6 +17,7 @@ from typing import Any
 import asyncmy
 import asyncmy.errors
 from asyncmy.constants import CLIENT, FIELD_TYPE
+from asyncmy.constants.SERVER_STATUS import SERVER_STATUS_NO_BACKSLASH_ESCAPES
 
 from ..dialects import mysql
 from ..driver import (
@@ -82,6 +83,45 @@ def _utc_rows(description: Any, tuples: list[tuple[Any, ...]]) -> list[tuple[Any
 
 Killer = Callable[[int], Awaitable[None]]
 
+# What a MySQL string literal escapes with backslashes (the backslash first, so
+# that the ones added later are not doubled).
+_ESCAPES = (
+    ("\\", "\\\\"),
+    ("\0", "\\0"),
+    ("\n", "\\n"),
+    ("\r", "\\r"),
+    ("\x1a", "\\Z"),
+    ("'", "\\'"),
+    ('"', '\\"'),
+)
+# Longer strings are escaped here: asyncmy escapes a string with a special
+# character (every JSON text has quotes) one character at a time, ~23 us for
+# an outbox payload against ~2 us for these scans; shorter ones are cheaper
+# through asyncmy, which passes clean strings through unchanged.
+_LONG_TEXT = 64
+
+
+def _quoted(text: str) -> str:
+    for char, escaped in _ESCAPES:
+        if char in text:
+            text = text.replace(char, escaped)
+    return "'" + text + "'"
+
+
+def _bind(raw: Any, sql: str, parameters: Sequence[Any]) -> str:
+    """``sql`` with ``parameters`` as literals: asyncmy binds client-side too
+    (MySQL's text protocol has no parameters), here with a faster path for
+    long strings."""
+    literal = raw.literal
+    if raw.server_status & SERVER_STATUS_NO_BACKSLASH_ESCAPES:
+        return sql % tuple([literal(value) for value in parameters])
+    return sql % tuple(
+        [
+            _quoted(value) if type(value) is str and len(value) > _LONG_TEXT else literal(value)
+            for value in parameters
+        ]
+    )
+
 
 async def _read_result(cursor: Any) -> QueryResult:
     description = cursor.description
@@ -131,7 +171,7 @@ class AsyncmyConnection:
             parameters = tuple(chain.from_iterable(query.parameters for query in queries))
         results: list[QueryResult] = []
         async with self._raw.cursor() as cursor:
-            await cursor.execute(sql, parameters)
+            await cursor.execute(_bind(self._raw, sql, parameters))
             for _ in lead:
                 await cursor.nextset()
             for index in range(len(queries)):

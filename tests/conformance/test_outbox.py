@@ -1405,9 +1405,7 @@ async def test_first_reservation_without_a_counter_row_is_version_one(
     stamps: list[str | None] = []
     hooks = af.UowHooks(after_mutation=lambda uow: stamps.append(uow.versionstamp))
     for n in range(3):
-        await db.execute_uow(
-            lambda uow, n=n: _create_one(uow, f"o{n}"), schema=SHOP, hooks=hooks
-        )
+        await db.execute_uow(lambda uow, n=n: _create_one(uow, f"o{n}"), schema=SHOP, hooks=hooks)
     entries = await db.outbox.list()
     assert [version_of(e.versionstamp) for e in entries] == [1, 2, 3]
     # What the unit reports is what it wrote, on both branches of the upsert.

@@ -117,6 +117,53 @@ EDGE_VALUES = [
 ]
 
 
+# Long texts full of characters a string literal must escape (the MySQL
+# backend escapes long strings itself, short ones through asyncmy).
+LONG_TEXTS = {
+    "specials": "\\ ' \" \n \r \x1a %s %% ; é 🦀 " * 8,
+    "backslashes": "\\" * 99 + "'",
+    "json": json.dumps({"k": ['v "q" \\ \'', "\n"] * 10}),
+    "nul": "\x00 x \x00" * 30,
+}
+
+
+@pytest.mark.parametrize("text", LONG_TEXTS.values(), ids=LONG_TEXTS.keys())
+async def test_long_text_round_trip(db: af.Database, tables: Tables, text: str) -> None:
+    if "\x00" in text and db.adapter.storage.text_rejects_nul:
+        pytest.skip("this database's text cannot hold NUL (rejected before the database)")
+    table = await make_table(db, tables, {"t": COLUMN_TYPES[db.name]["t"]})
+    await insert(db, table, {"t": text})
+    assert (
+        await db.fetch_value(af.sql("SELECT {c} FROM {t}", c=af.Identifier("t"), t=table)) == text
+    )
+    found = af.sql(
+        "SELECT COUNT(*) FROM {t} WHERE {c} = {v}", t=table, c=af.Identifier("t"), v=text
+    )
+    assert await db.fetch_value(found) == 1
+
+
+async def test_long_text_round_trip_without_backslash_escapes(
+    db: af.Database, tables: Tables
+) -> None:
+    """Under MySQL's NO_BACKSLASH_ESCAPES a backslash is an ordinary character
+    in a literal; values must still arrive unchanged."""
+    if db.name != "mysql":
+        pytest.skip("NO_BACKSLASH_ESCAPES is a MySQL sql_mode")
+    table = await make_table(db, tables, {"t": COLUMN_TYPES[db.name]["t"]})
+    async with db.transaction() as tx:  # one connection, so the session mode holds
+        mode = await tx.fetch_value(af.sql("SELECT @@SESSION.sql_mode"))
+        await tx.execute(af.sql("SET SESSION sql_mode = 'NO_BACKSLASH_ESCAPES'"))
+        try:
+            for text in LONG_TEXTS.values():
+                await tx.execute(af.sql("INSERT INTO {t} VALUES ({v})", t=table, v=text))
+                got = af.sql(
+                    "SELECT {c} FROM {t} WHERE {c} = {v}", t=table, c=af.Identifier("t"), v=text
+                )
+                assert await tx.fetch_value(got) == text
+        finally:
+            await tx.execute(af.sql("SET SESSION sql_mode = {m}", m=mode))
+
+
 @pytest.mark.parametrize("values", EDGE_VALUES, ids=["max", "min"])
 async def test_value_round_trip(db: af.Database, tables: Tables, values: dict[str, Any]) -> None:
     table = await make_table(db, tables, COLUMN_TYPES[db.name])

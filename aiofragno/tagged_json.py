@@ -20,7 +20,9 @@ from typing import Any
 _SAFE_INT = 2**53
 
 
-def _tag(value: Any) -> Any:
+def tag(value: Any) -> Any:
+    """``value`` in plain JSON types, its other values tagged: what
+    :func:`dumps` writes (see :func:`dump_tagged`)."""
     # Exact types first: payloads are mostly str, int and dict, and a type
     # test is cheaper than the isinstance chain (subclasses, e.g. RowId, take
     # the chain in _tag_other).
@@ -32,12 +34,12 @@ def _tag(value: Any) -> Any:
     if kind is dict:
         return _tag_dict(value)
     if kind is list:
-        return [_tag(v) for v in value]
+        return [tag(v) for v in value]
     return _tag_other(value)
 
 
 def _tag_dict(value: dict[Any, Any]) -> Any:
-    tagged = {str(k): _tag(v) for k, v in value.items()}
+    tagged = {str(k): tag(v) for k, v in value.items()}
     if len(tagged) == 1 and next(iter(tagged)).startswith("$"):
         # As a pair list, so the reader cannot take the inner key for a tag.
         return {"$obj": list(tagged.items())}
@@ -60,7 +62,7 @@ def _tag_other(value: Any) -> Any:
     if isinstance(value, dict):
         return _tag_dict(value)
     if isinstance(value, list | tuple):
-        return [_tag(v) for v in value]
+        return [tag(v) for v in value]
     raise TypeError(f"cannot encode {type(value).__name__} as tagged JSON")
 
 
@@ -84,8 +86,19 @@ def _untag(obj: dict[str, Any]) -> Any:
     return obj
 
 
+# Built once: json.dumps with options builds an encoder per call.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def dumps(value: Any) -> str:
-    return json.dumps(_tag(value), separators=(",", ":"), ensure_ascii=False)
+    return _ENCODE(tag(value))
+
+
+def dump_tagged(value: Any) -> str:
+    """The JSON text of a value already in :func:`tag`'s output form (plain
+    JSON types only; one-key objects with a ``$`` key only as tags) — for
+    callers that tag just the parts that can need it."""
+    return _ENCODE(value)
 
 
 def loads(text: str | bytes) -> Any:

@@ -15,11 +15,11 @@ from datetime import UTC
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from .. import tagged_json
 from ..codec import ValueCodec, utc_now
 from ..driver import CompiledQuery, DialectAdapter, QueryCompiler, QueryResult
 from ..migrate import SETTINGS_TABLE
 from ..sql import Identifier, sql
+from ..tagged_json import dump_tagged, tag
 from .tables import OUTBOX_ID, VERSION_KEY
 
 if TYPE_CHECKING:
@@ -121,28 +121,33 @@ def _templates(adapter: DialectAdapter) -> list[str]:
 
 
 def _payload_value(kind: str, value: Any) -> Any:
-    """The value as stored, in Python terms: a RowId travels as its external
-    id, an int given for a decimal as a Decimal, a naive datetime accepted as
-    UTC as an aware one."""
+    """The value as stored, tagged for JSON (:func:`tagged_json.tag`): a
+    RowId travels as its external id, an int given for a decimal as a
+    Decimal, a naive datetime accepted as UTC as an aware one."""
+    exact = type(value)
+    if exact is str or (exact is int and kind != "decimal"):
+        return tag(value)
     if isinstance(value, str):
         return str(value)
     if kind == "decimal" and isinstance(value, int):
-        return Decimal(value)
-    if kind == "timestamp" and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    if kind == "binary":
-        return bytes(value)
-    return value
+        value = Decimal(value)
+    elif kind == "timestamp" and value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    elif kind == "binary":
+        value = bytes(value)
+    return tag(value)
 
 
 def describe(
     schema: str, namespace: str, ops: Sequence[MutationOp], version: str
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """The payload's mutations and the ref_map ("<index>.<column>" -> external
-    id of the referenced row). ``version`` is the versionstamps' first 20 hex
-    digits. References are always known by external id on our side (a RowId
-    is its external id, even one created earlier in the unit), so the map
-    needs no lookup."""
+    """The payload's mutations, already tagged for JSON (only the column values
+    can need tags: the rest is our own strings, and a column name never starts
+    with ``$``), and the ref_map ("<index>.<column>" -> external id of the
+    referenced row). ``version`` is the versionstamps' first 20 hex digits.
+    References are always known by external id on our side (a RowId is its
+    external id, even one created earlier in the unit), so the map needs no
+    lookup."""
     mutations: list[dict[str, Any]] = []
     ref_map: dict[str, str] = {}
     for op in ops:
@@ -157,16 +162,19 @@ def describe(
         }
         values = getattr(op, "values", None)
         if values is not None:
+            columns = op.table.columns
+            stored: dict[str, Any] = {}
             for column, value in values.items():
-                info = op.table.columns[column]
-                if info.target is not None and value is not None:
+                info = columns[column]
+                if value is None:
+                    stored[column] = None
+                    continue
+                if info.target is not None:
                     ref_map[f"{index}.{column}"] = str(value)
-            entry["values" if op.op == "create" else "set"] = {
-                k: None if v is None else _payload_value(op.table.columns[k].kind, v)
-                for k, v in values.items()
-            }
+                stored[column] = _payload_value(info.kind, value)
+            entry["values" if op.op == "create" else "set"] = stored
         if op.checked:
-            entry["check_version"] = getattr(op.target, "version", None)
+            entry["check_version"] = tag(getattr(op.target, "version", None))
         mutations.append(entry)
     return mutations, ref_map
 
@@ -194,8 +202,8 @@ def entry_queries(
             "stamp": stand_in + "0000",
             "stand_in": stand_in,
             "uow_id": uow_id,
-            "payload": tagged_json.dumps({"version": 1, "mutations": mutations}),
-            "refs": tagged_json.dumps(ref_map) if ref_map else None,
+            "payload": dump_tagged({"version": 1, "mutations": mutations}),
+            "refs": dump_tagged(ref_map) if ref_map else None,
             "created": codec.encoder("timestamp")(utc_now()),
         }
     )

@@ -1,22 +1,24 @@
 """Where a transfer unit's time goes: aiofragno's own code vs the driver.
 
-Runs the ``aiofragno`` and ``raw`` variants of ``benchmarks.transfer`` (at
-``--concurrency``, default 1, after a warm-up) under a profiler:
+Runs two variants of ``benchmarks.transfer`` (``--compare``, default
+``aiofragno,raw``; ``aiofragno+outbox,aiofragno`` shows what the outbox adds)
+at ``--concurrency`` (default 1, after a warm-up) under a profiler:
 
 * ``cprofile`` (default; the two variants alternate in chunks of the run):
   own time (tottime) of the event-loop thread grouped by area (each aiofragno
   module, the driver, asyncio, anyio, waiting in epoll or on a lock, the
   harness), in microseconds per unit and % of the profiled time, for both
   variants side by side; the functions that account for the difference; and
-  aiofragno's own top functions. The deterministic profiler inflates
+  aiofragno's own top functions in the first variant. The deterministic profiler inflates
   Python-heavy code, so read the per-unit *differences* between the variants
   rather than absolute numbers.
-* ``pyinstrument``: a sampling call tree of the aiofragno variant (less
+* ``pyinstrument``: a sampling call tree of the first variant (less
   distortion; time in the driver's threads shows as waiting), and the wall
   and CPU time per unit of both variants.
 
     python -m benchmarks.profile_transfer --backend sqlite|postgresql|mysql \\
-        [--units 2000] [--concurrency 1] [--profiler cprofile|pyinstrument]
+        [--units 2000] [--concurrency 1] [--profiler cprofile|pyinstrument] \\
+        [--compare aiofragno,raw]
 """
 
 from __future__ import annotations
@@ -93,12 +95,13 @@ async def cprofile_report(
 ) -> None:
     await common.reset(admin)
     stats = await profiled(variants, units, concurrency)
+    first, second = variants
     areas = {name: by_area(s) for name, s in stats.items()}
     totals = {name: sum(a.values()) for name, a in areas.items()}
-    names = sorted(
-        {k for a in areas.values() for k in a}, key=lambda k: -areas["aiofragno"].get(k, 0)
+    names = sorted({k for a in areas.values() for k in a}, key=lambda k: -areas[first].get(k, 0))
+    print(
+        f"\ncProfile, {units} units at concurrency {concurrency}: own time per unit (us) and share"
     )
-    print(f"\ncProfile, {units} units at concurrency {concurrency}: own time per unit (us) and share")
     rows = []
     for key in names:
         row: list[Any] = [key]
@@ -111,7 +114,7 @@ async def cprofile_report(
         ["area", *[h for n in variants for h in (f"{n} us", "%")]],
         rows,
     )
-    print("\nwhat aiofragno adds: functions by own time per unit, aiofragno minus raw (top 25):")
+    print(f"\nwhat {first} adds: functions by own time per unit, {first} minus {second} (top 25):")
     per_fn = {
         name: {
             key: (calls / units, tottime / units * 1e6)
@@ -119,38 +122,35 @@ async def cprofile_report(
         }
         for name, s in stats.items()
     }
-    keys = set(per_fn["aiofragno"]) | set(per_fn["raw"])
+    a, b = per_fn[first], per_fn[second]
     deltas = sorted(
-        (
-            per_fn["aiofragno"].get(k, (0, 0.0))[1] - per_fn["raw"].get(k, (0, 0.0))[1],
-            k,
-        )
-        for k in keys
-    )[::-1]
+        ((a.get(k, (0, 0.0))[1] - b.get(k, (0, 0.0))[1], k) for k in set(a) | set(b)),
+        reverse=True,
+    )
     common.print_table(
-        ["function", "area", "calls/unit aiofragno", "raw", "us/unit aiofragno", "raw", "delta us"],
+        ["function", "area", f"calls/unit {first}", second, f"us/unit {first}", second, "delta us"],
         [
             [
                 f"{Path(k[0]).name}:{k[1]}({k[2]})"[:70],
                 area(k[0], k[2]),
-                per_fn["aiofragno"].get(k, (0, 0.0))[0],
-                per_fn["raw"].get(k, (0, 0.0))[0],
-                per_fn["aiofragno"].get(k, (0, 0.0))[1],
-                per_fn["raw"].get(k, (0, 0.0))[1],
+                a.get(k, (0, 0.0))[0],
+                b.get(k, (0, 0.0))[0],
+                a.get(k, (0, 0.0))[1],
+                b.get(k, (0, 0.0))[1],
                 delta,
             ]
             for delta, k in deltas[:25]
         ],
     )
-    print("\naiofragno's own functions, by own time (top 25):")
-    s = stats["aiofragno"]
+    print(f"\naiofragno's own functions in {first}, by own time (top 25):")
+    s = stats[first]
     own = [
         (tottime, calls, f"{Path(f).name}:{line}({fn})")
         for (f, line, fn), (_, calls, tottime, _, _) in s.stats.items()  # type: ignore[attr-defined]
         if "/aiofragno/" in f
     ]
     own.sort(reverse=True)
-    aio_total = totals["aiofragno"]
+    aio_total = totals[first]
     common.print_table(
         ["function", "calls/unit", "us/unit", "% of all"],
         [
@@ -176,7 +176,7 @@ async def pyinstrument_report(
             f"{name}: {session.duration / units * 1e6:.0f} us wall, "
             f"{session.cpu_time / units * 1e6:.0f} us CPU per unit"
         )
-        if name == "aiofragno":
+        if name == next(iter(variants)):
             print(profiler.output_text(unicode=False, color=False, show_all=False))
     print("\n".join(summary))
 
@@ -188,14 +188,25 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--profiler", default="cprofile", choices=("cprofile", "pyinstrument"))
+    parser.add_argument(
+        "--compare",
+        default="aiofragno,raw",
+        help="two variant names of benchmarks.transfer, e.g. aiofragno+outbox,aiofragno",
+    )
     args = parser.parse_args(argv)
+    compare = args.compare.split(",")
+    if len(compare) != 2:
+        parser.error("--compare takes two variant names separated by a comma")
     with tempfile.TemporaryDirectory(prefix="aiofragno-bench-") as tmp:
         async with common.target(args.backend, Path(tmp)) as target:
             if target is None:
                 raise SystemExit(1)
             admin = await af.connect(target.url, pool_size=1)
-            chosen = [make(target) for make in VARIANTS[args.backend][:3]]
-            variants = {v.name: v for v in chosen if v.name in ("aiofragno", "raw")}
+            found = {v.name: v for v in (make(target) for make in VARIANTS[args.backend])}
+            unknown = [name for name in compare if name not in found]
+            if unknown:
+                raise SystemExit(f"unknown variant(s) {unknown}; choose from {sorted(found)}")
+            variants = {name: found[name] for name in compare}
             try:
                 await common.prepare(admin)
                 for v in variants.values():

@@ -78,7 +78,9 @@ def main() -> None:
     parser.add_argument("--json", default="benchmarks/results/sqlite_backends.json")
     args = parser.parse_args()
     result = anyio.run(measure, args.ops, args.rounds)
-    print(f"{'microseconds per operation':32} {'sqlite (threads)':>18} {'aiosqlite':>12} {'ratio':>8}")
+    print(
+        f"{'microseconds per operation':32} {'sqlite (threads)':>18} {'aiosqlite':>12} {'ratio':>8}"
+    )
     for name in result["sqlite"]:
         a, b = result["sqlite"][name], result["aiosqlite"][name]
         print(f"{name:32} {a:18.1f} {b:12.1f} {b / a:7.2f}x")

@@ -123,7 +123,8 @@ class _Compare(Expr):
     def render(self, ctx: Compiling) -> None:
         if self.op not in ("=", "<>"):
             ctx.table.check_orderable(self.column)
-        ctx.text(f"{ctx.column(self.column)} {self.op} ")
+        if ctx.build_text:
+            ctx.text(f"{ctx.column(self.column)} {self.op} ")
         ctx.value(self.column, self.value)
 
 
@@ -217,12 +218,15 @@ class _Not(Expr):
 def where_expr(where: Expr | Mapping[str, Any] | None) -> Expr | None:
     """Normalize ``where``: a dict means column == value for each item, AND-ed
     (a None value means IS NULL)."""
-    if where is None or isinstance(where, Expr):
-        return where
-    if not isinstance(where, Mapping):
-        raise ValidationError(
-            f"where must be a dict or an af.c condition, got {type(where).__name__}"
-        )
+    if where is None:
+        return None
+    if type(where) is not dict:  # (a plain dict, the common case, skips two ABC checks)
+        if isinstance(where, Expr):
+            return where
+        if not isinstance(where, Mapping):
+            raise ValidationError(
+                f"where must be a dict or an af.c condition, got {type(where).__name__}"
+            )
     parts: list[Expr] = []
     for name, value in where.items():
         if not isinstance(name, str):

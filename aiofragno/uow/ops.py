@@ -151,10 +151,10 @@ class Find(RetrievalOp):
         conditions = [c for c in (self.where, self.after) if c is not None]
         for i, condition in enumerate(conditions):
             ctx.text(" WHERE " if i == 0 else " AND ")
-            if isinstance(condition, Expr):
-                condition.render(ctx)
-            else:
+            if isinstance(condition, list):  # the keyset of ``after``
                 self._render_keyset(ctx, condition)
+            else:
+                condition.render(ctx)
         if ctx.build_text:  # (the walk for parameters alone skips building text)
             keys = [
                 f"{table.column(name).qualified}{' DESC' if desc else ''}"
@@ -285,7 +285,7 @@ class MutationOp:
 
 
 def _check_writable(table: TableInfo, values: Mapping[str, Any], what: str) -> None:
-    if not isinstance(values, Mapping):
+    if type(values) is not dict and not isinstance(values, Mapping):
         raise ValidationError(
             f"{what} on {table.name!r} takes a dict of column values, got {type(values).__name__}"
         )
@@ -349,22 +349,19 @@ class Update(MutationOp):
         super().__init__(table, row_id(target, table=table.name, need_version=check))
         self.checked = check
         self.values = dict(values)
-        for name, value in self.values.items():
+        nulls = tuple([name for name, value in self.values.items() if value is None])
+        for name in nulls:
             column = table.columns[name].column
-            if value is None and column is not None and not column.nullable:
+            if column is not None and not column.nullable:
                 raise ValidationError(f"{table.name}.{name} is NOT NULL: cannot set it to None")
-        shape = (
-            "update",
-            tuple(self.values),
-            tuple(v is None for v in self.values.values()),
-            check,
-        )
+        shape = ("update", tuple(self.values), nulls, check)
         self.query = compile_cached(catalog, table, shape, self.render)
 
     def render(self, ctx: Compiling) -> None:
         table = self.table
-        ctx.text(f"UPDATE {table.sql_name} SET ")
         build = ctx.build_text
+        if build:
+            ctx.text(f"UPDATE {table.sql_name} SET ")
         for name, value in self.values.items():
             if build:
                 ctx.text(f"{table.columns[name].quoted} = ")

@@ -304,6 +304,11 @@ class QueryCompiler(Protocol):
         """The placeholder of the ``index``-th parameter (1-based)."""
         ...
 
+    def shift_placeholders(self, sql: str, offset: int) -> str:
+        """``sql``'s placeholders renumbered to follow ``offset`` earlier
+        parameters (unchanged where placeholders are positional)."""
+        ...
+
 
 class Dialect(Protocol):
     """Everything aiofragno needs to talk to one kind of database through one

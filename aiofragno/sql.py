@@ -32,6 +32,7 @@ from .errors import ValidationError
 
 _IN_SUFFIX: Final = re.compile(r"(?is)\b(not\s+)?in\s*$")
 _IN_PAREN_SUFFIX: Final = re.compile(r"(?is)\bin\s*\(\s*$")
+_NUMBERED: Final = re.compile(r"\$(\d+)")
 _LIST_TYPES: Final = (list, tuple, set, frozenset)
 
 
@@ -287,6 +288,15 @@ class SqlCompiler:
     def placeholder(self, index: int) -> str:
         """The placeholder of the ``index``-th parameter (1-based)."""
         return f"${index}" if self._numbered else self._placeholder
+
+    def shift_placeholders(self, sql: str, offset: int) -> str:
+        """``sql`` (as this compiler produced it from validated names, so every
+        ``$`` is a placeholder) with its placeholders renumbered to follow
+        ``offset`` earlier parameters, for joining statements into one.
+        Positional placeholders need no change."""
+        if not self._numbered or not offset:
+            return sql
+        return _NUMBERED.sub(lambda m: f"${int(m.group(1)) + offset}", sql)
 
     def _placeholder_for(self, params: list[Any]) -> str:
         return self.placeholder(len(params))

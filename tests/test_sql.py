@@ -22,6 +22,18 @@ def test_values_become_placeholders_per_dialect() -> None:
     assert MY.compile(q) == ("SELECT * FROM t WHERE a = %s AND b = %s OR a = %s", (1, "x", 1))
 
 
+def test_shifting_placeholders_for_a_combined_statement() -> None:
+    q = af.sql("UPDATE t SET a = {a}, b = {b} WHERE c = {c}", a=1, b=2, c=3)
+    sql = PG.compile(q).sql
+    assert PG.shift_placeholders(sql, 0) == sql
+    # $1 -> $10 and $10-style numbers are shifted whole, not digit by digit.
+    assert PG.shift_placeholders(sql, 9) == "UPDATE t SET a = $10, b = $11 WHERE c = $12"
+    assert PG.shift_placeholders("x = $10 AND y = $1", 5) == "x = $15 AND y = $6"
+    for positional in (LITE, MY):
+        sql = positional.compile(q).sql
+        assert positional.shift_placeholders(sql, 9) == sql
+
+
 def test_injection_in_values_stays_a_parameter() -> None:
     evil = "x'; DROP TABLE users; --"
     compiled = PG.compile(af.sql("SELECT {v}", v=evil))

@@ -15,6 +15,9 @@ from ..errors import (
     ConcurrencyConflict,
     ConnectionLost,
     DatabaseUnavailable,
+    DataError,
+    IntegrityError,
+    ProgrammingError,
     TransactionConflict,
     ValidationError,
 )
@@ -27,7 +30,8 @@ from ..schema import new_external_id
 from ..session import CLEANUP_TIMEOUT, Session
 from ..sql import Identifier, sql
 from .catalog import Catalog
-from .ops import Check
+from .combine import combinable, combine, split
+from .ops import Check, MutationOp
 from .retry import ExponentialBackoff, RetryPolicy
 from .unit import UnitOfWork
 
@@ -142,7 +146,6 @@ async def run_mutations(
             f"{len(writes)}; split it into several units"
         )
     ops = uow.mutations
-    queries = [op.query for op in ops]
     entry: list[CompiledQuery] = []
     if db.options.outbox and writes:
         entry = entry_queries(
@@ -153,21 +156,17 @@ async def run_mutations(
             namespace=catalog.layout.namespace,
             writes=writes,
         )
-    for query in (*queries, *entry):
+    for query in (*(op.query for op in ops), *entry):
         notify(query)
     session = await held.get()
     await session.begin(isolation)
     try:
-        # One batch (one round trip where the driver can), cut short at the
-        # first conflict: what ran after it is rolled back below.
-        results = await session.execute_batch(
-            queries, lambda index, result: ops[index].conflicted(result)
-        )
-        op = ops[len(results) - 1]
-        if op.conflicted(results[-1]):
-            raise _Conflict(
-                f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
-            )
+        results = await _write(db, session, catalog, ops, isolation)
+        for op, result in zip(ops, results, strict=False):  # (a batch may stop early)
+            if op.conflicted(result):
+                raise _Conflict(
+                    f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
+                )
         # The outbox entry reserves its version (locking the counter row until
         # COMMIT), so it goes out together with the COMMIT.
         written = await session.commit(entry)
@@ -176,6 +175,30 @@ async def run_mutations(
     except BaseException:
         await _rollback(session)
         raise
+
+
+async def _write(
+    db: Database,
+    session: Session,
+    catalog: Catalog,
+    ops: Sequence[MutationOp],
+    isolation: IsolationLevel | None,
+) -> list[QueryResult]:
+    """Run the operations in the open transaction; their results. One statement
+    where the database can combine them, else one batch (one round trip where
+    the driver can) cut short at the first conflict; either way a conflict
+    rolls everything back afterwards."""
+    if db.adapter.supports_writable_cte and combinable(ops):
+        try:
+            return split(ops, (await session.execute_batch([combine(catalog, ops)]))[0])
+        except (IntegrityError, DataError, ProgrammingError):
+            # Which operation failed, and whether a stale one came before it
+            # (then the unit conflicted), only a statement-by-statement run tells.
+            await session.rollback()
+            await session.begin(isolation)
+    return await session.execute_batch(
+        [op.query for op in ops], lambda index, result: ops[index].conflicted(result)
+    )
 
 
 async def _rollback(session: Session) -> None:

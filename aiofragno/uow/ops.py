@@ -281,6 +281,7 @@ class MutationOp:
         self.query: CompiledQuery
 
     def conflicted(self, result: QueryResult) -> bool:
+        # (For a check, a SELECT, rows_affected is the rows it returned.)
         return self.checked and result.rows_affected == 0
 
 
@@ -414,6 +415,3 @@ class Check(MutationOp):
         # Hold a shared lock until commit, so the checked version cannot change
         # before the unit's writes commit.
         ctx.text(ctx.catalog.adapter.row_share_lock)
-
-    def conflicted(self, result: QueryResult) -> bool:
-        return not result.rows

@@ -340,6 +340,116 @@ async def test_conflict_wins_over_an_error_later_in_the_batch(shop: Env) -> None
     assert await shop.snapshot() == before
 
 
+class SentBatches:
+    """The statements each mutation-phase batch carried to the driver."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.batches: list[list[str]] = []
+        original = Session.execute_batch
+
+        async def spying(self_: Session, queries: Any, stop: Any = None) -> Any:
+            if self_.in_transaction:  # (the retrieval phase runs outside one)
+                self.batches.append([q.sql for q in queries])
+            return await original(self_, queries, stop)
+
+        monkeypatch.setattr(Session, "execute_batch", spying)
+
+    def combined(self) -> bool:
+        """Whether a phase since the last call went out as one statement (a
+        failed one is retried statement by statement)."""
+        batches, self.batches = self.batches, []
+        return any(len(b) == 1 and b[0].startswith("WITH q0 AS") for b in batches)
+
+
+async def test_independent_operations_travel_as_one_statement(
+    shop: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the database has data-modifying WITH, a phase whose operations
+    touch different rows is one statement; the outcome is the same as one
+    statement per operation, conflicts included."""
+    ids = await seed_accounts(shop, "alice", "bob", "carol")
+    sent = SentBatches(monkeypatch)
+
+    async def transfer(uow: af.UnitOfWork) -> af.RowId:
+        uow.update("accounts", ids["alice"], {"balance": 90}, check=True)
+        uow.update("accounts", ids["bob"], {"balance": 110, "note": None}, check=True)
+        uow.check("accounts", ids["carol"])
+        return uow.create("transfers", {"src": ids["alice"], "dst": ids["bob"], "amount": 10})
+
+    await shop.run(transfer, retry=af.NoRetry())
+    combined = shop.db.adapter.supports_writable_cte
+    assert [len(batch) for batch in sent.batches] == [1 if combined else 4]
+    assert sent.combined() is combined
+    assert (await read_account(shop, "alice") or {})["balance"] == 90
+    assert (await read_account(shop, "bob") or {})["balance"] == 110
+    assert await shop.version("accounts", ids["alice"]) == 1
+    assert await shop.version("accounts", ids["carol"]) == 0  # a check is not a write
+    assert await shop.count("transfers") == 1
+    before = await shop.snapshot()
+
+    async def pay(uow: af.UnitOfWork, a: af.RowId, b: af.RowId, c: af.RowId) -> None:
+        uow.update("accounts", a, {"balance": 0}, check=True)
+        uow.update("accounts", b, {"balance": 0}, check=True)
+        uow.check("accounts", c)
+
+    async def current(owner: str) -> af.RowId:
+        row = await read_account(shop, owner)
+        assert row is not None
+        return row["id"]  # type: ignore[no-any-return]
+
+    # A stale update between two current operations...
+    alice, carol = await current("alice"), await current("carol")
+    with pytest.raises(af.ConcurrencyConflict):
+        await shop.run(lambda uow: pay(uow, alice, ids["bob"], carol), retry=af.NoRetry())
+    assert await shop.snapshot() == before
+
+    # ...and a stale check after two current updates: nothing is written.
+    async def touch_carol(uow: af.UnitOfWork) -> None:
+        uow.update("accounts", ids["carol"], {"note": "touched"})
+
+    await shop.run(touch_carol)
+    before = await shop.snapshot()
+    bob = await current("bob")
+    with pytest.raises(af.ConcurrencyConflict):
+        await shop.run(lambda uow: pay(uow, alice, bob, carol), retry=af.NoRetry())
+    assert await shop.snapshot() == before
+
+
+async def test_operations_that_depend_on_each_other_run_one_by_one(
+    shop: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One row written twice, a reference to a row the unit creates, a delete:
+    these run statement by statement, in the order queued."""
+    ids = await seed_accounts(shop, "alice", "bob")
+    sent = SentBatches(monkeypatch)
+
+    async def twice(uow: af.UnitOfWork) -> None:
+        uow.update("accounts", ids["alice"], {"balance": 1})
+        uow.update("accounts", ids["alice"], {"note": "second"})
+
+    await shop.run(twice)
+    assert not sent.combined()
+    alice = await read_account(shop, "alice")
+    assert alice is not None and (alice["balance"], alice["note"]) == (1, "second")
+    assert await shop.version("accounts", ids["alice"]) == 2
+
+    async def open_and_pay(uow: af.UnitOfWork) -> None:
+        carol = uow.create("accounts", {"owner": "carol"})
+        uow.create("transfers", {"src": ids["bob"], "dst": carol, "amount": 5})
+
+    await shop.run(open_and_pay)
+    assert not sent.combined()
+    assert await shop.count("transfers") == 1
+
+    async def close_bob(uow: af.UnitOfWork) -> None:
+        uow.update("accounts", ids["alice"], {"note": "third"})
+        uow.delete("people", "no-such-person")
+        uow.create("people", {"email": "bob@example.com"})
+
+    await shop.run(close_bob)
+    assert not sent.combined()
+
+
 async def test_created_ids_returned_in_order(shop: Env) -> None:
     owners = [f"owner{i}" for i in range(7)]
 

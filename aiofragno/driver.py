@@ -9,6 +9,7 @@ this?"). This module imports nothing else of aiofragno's.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
@@ -55,8 +56,11 @@ class Row(Mapping[str, Any]):
         return f"Row({dict(self)!r})"
 
 
-def column_index(names: Sequence[str]) -> dict[str, int]:
-    """The shared name-to-position index for rows with columns ``names``.
+@functools.lru_cache(maxsize=1024)
+def column_index(names: tuple[str, ...]) -> Mapping[str, int]:
+    """The shared name-to-position index for rows with columns ``names``
+    (cached: a result's rows, and every result of the same columns, share one;
+    nobody may change it).
 
     With duplicate names the first occurrence wins; alias columns (``AS``) to
     reach the others.

@@ -128,7 +128,7 @@ async def _read_result(cursor: Any) -> QueryResult:
     if description is None:
         return QueryResult([], cursor.rowcount, cursor.lastrowid or None)
     tuples = _utc_rows(description, await cursor.fetchall())
-    index = column_index([column[0] for column in description])
+    index = column_index(tuple([column[0] for column in description]))
     return QueryResult([Row(index, values) for values in tuples], len(tuples))
 
 

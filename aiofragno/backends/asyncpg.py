@@ -84,7 +84,7 @@ class AsyncpgConnection:
         )
         if not records:
             return QueryResult([], _rows_affected(status, 0))
-        index = column_index(list(records[0].keys()))
+        index = column_index(tuple(records[0].keys()))
         return QueryResult([Row(index, r) for r in records], _rows_affected(status, len(records)))
 
     async def execute_batch(

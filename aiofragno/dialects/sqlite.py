@@ -402,7 +402,7 @@ def _run_query(raw: sqlite3.Connection, query: CompiledQuery) -> QueryResult:
             inserted = query.sql.lstrip()[:7].lower() in ("insert ", "replace")
             return QueryResult([], max(cursor.rowcount, 0), cursor.lastrowid if inserted else None)
         values = cursor.fetchall()
-        index = column_index([column[0] for column in description])
+        index = column_index(tuple([column[0] for column in description]))
         return QueryResult([Row(index, row) for row in values], len(values), cursor.lastrowid)
     finally:
         cursor.close()

@@ -54,3 +54,28 @@ def test_bool_is_not_an_int_and_tuples_become_lists() -> None:
 def test_unknown_types_are_refused() -> None:
     with pytest.raises(TypeError, match="set"):
         tagged_json.dumps({"x": {1, 2}})
+
+
+def test_loads_many_decodes_like_loads_one_by_one() -> None:
+    texts: list[str | bytes | None] = [
+        tagged_json.dumps({"money": Decimal("1.10"), "n": 1}),
+        None,
+        b'{"plain": [1, 2]}',
+        tagged_json.dumps({"dollar": {"$dt": "not a tag"}}),
+        "[]",
+        None,
+    ]
+    expected = [None if t is None else tagged_json.loads(t) for t in texts]
+    assert tagged_json.loads_many(texts) == expected
+    assert tagged_json.loads_many([None, None]) == [None, None]
+    assert tagged_json.loads_many([]) == []
+
+
+@pytest.mark.parametrize("bad", ["", "1, 2", '{"a": 1', "nul"])
+def test_loads_many_fails_on_a_bad_text_as_loads_does(bad: str) -> None:
+    # "1, 2" is two values once joined into an array: the count gives it away.
+    with pytest.raises(ValueError) as many:
+        tagged_json.loads_many(['{"ok": 1}', bad, "[3]"])
+    with pytest.raises(ValueError) as one:
+        tagged_json.loads(bad)
+    assert str(many.value) == str(one.value)

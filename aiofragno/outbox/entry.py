@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -32,14 +33,17 @@ class OutboxEntry:
         return mutations
 
 
-def entry_from_row(values: Any, decode_timestamp: Decode | None) -> OutboxEntry:
-    stamp, uow_id, payload, ref_map, created = values
+def entries_from_rows(rows: Sequence[Any], decode_timestamp: Decode | None) -> list[OutboxEntry]:
+    """The entries of result rows (versionstamp, uow_id, payload, ref_map,
+    created_at), their JSON decoded in one pass for the page."""
+    columns = list(zip(*[row._values for row in rows], strict=True)) or [()] * 5
+    stamps, uow_ids, payloads, ref_maps, created = columns
     if decode_timestamp is not None:
-        created = decode_timestamp(created)
-    return OutboxEntry(
-        versionstamp=stamp,
-        uow_id=uow_id,
-        payload=tagged_json.loads(payload),
-        ref_map=None if ref_map is None else tagged_json.loads(ref_map),
-        created_at=created,
-    )
+        created = tuple(map(decode_timestamp, created))
+    decoded = tagged_json.loads_many([*payloads, *ref_maps])
+    return [
+        OutboxEntry(*fields)
+        for fields in zip(
+            stamps, uow_ids, decoded[: len(rows)], decoded[len(rows) :], created, strict=True
+        )
+    ]

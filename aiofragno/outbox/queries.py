@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ValidationError
 from ..sql import Fragment, Identifier, sql
-from .entry import OutboxEntry, entry_from_row
+from .entry import OutboxEntry, entries_from_rows
 from .tables import OUTBOX_ID
 
 if TYPE_CHECKING:
@@ -44,4 +44,4 @@ async def read_entries(
         n=limit,
     )
     decode = db.codec.decoder("timestamp")
-    return [entry_from_row(row._values, decode) for row in await queries.fetch(query)]
+    return entries_from_rows(await queries.fetch(query), decode)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .. import runtime
 from ..sql import Identifier, sql
 from .consumer import Consumer
-from .entry import OutboxEntry, entry_from_row
+from .entry import OutboxEntry, entries_from_rows
 from .queries import COLUMNS, check_limit, read_entries
 from .tables import OUTBOX_ID
 from .versionstamp import check_versionstamp
@@ -58,7 +58,7 @@ class OutboxReader:
         )
         rows = await self._db.fetch(query)
         decode = self._db.codec.decoder("timestamp")
-        return entry_from_row(rows[0]._values, decode) if rows else None
+        return entries_from_rows(rows, decode)[0] if rows else None
 
     async def latest(self) -> str | None:
         """The versionstamp of the newest entry, or None when empty."""

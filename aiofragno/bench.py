@@ -132,12 +132,13 @@ def _compare(args: argparse.Namespace, url: str | None) -> None:
             "benchmarks/ folder: run it from a checkout of aiofragno"
         )
     dialect = "sqlite" if url is None else parse_url(url).dialect
-    unknown = set(args.compare.split(",")) - {"raw", "sqlalchemy"}
+    compared = set(args.compare.split(","))
+    unknown = compared - {"raw", "sqlalchemy"}
     if unknown:
         raise ValueError(f"--compare takes raw and/or sqlalchemy, not {', '.join(sorted(unknown))}")
-    variants = {"aiofragno", *args.compare.split(",")} | (
-        {"aiofragno+outbox"} if args.outbox else set()
-    )
+    variants = {"aiofragno", *compared}
+    if args.outbox:  # with the same outbox statements written by hand too
+        variants |= {"aiofragno+outbox"} | ({"raw+outbox"} if "raw" in compared else set())
     command = [
         sys.executable, "-m", "benchmarks.transfer", "--backend", dialect,
         "--units", str(args.units), "--concurrency", str(args.concurrency),

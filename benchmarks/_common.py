@@ -47,6 +47,7 @@ DEFAULT_URLS = {
 # The demo's schema: accounts(owner unique, balance) and transfers(src, dst, amount).
 SCHEMA = SHOP
 ACCOUNTS = 1_000
+OUTBOX_TABLE = af.Identifier("fragno_db_outbox")
 OPENING_BALANCE = 1_000
 # Connections per pool, for every variant (aiofragno's default pool_size).
 POOL_SIZE = 10
@@ -176,7 +177,7 @@ async def reset(db: af.Database, *, outbox: bool = True) -> None:
             v=OPENING_BALANCE,
         )
     )
-    emptied = [transfers, *([af.Identifier("fragno_db_outbox")] if outbox else [])]
+    emptied = [transfers, *([OUTBOX_TABLE] if outbox else [])]
     for table in emptied:
         verb = "DELETE FROM" if db.name == "sqlite" else "TRUNCATE TABLE"
         await db.execute(af.sql(f"{verb} {{t}}", t=table))
@@ -187,8 +188,9 @@ async def reset(db: af.Database, *, outbox: bool = True) -> None:
         await db.execute(db.raw("PRAGMA wal_checkpoint(TRUNCATE)"))
 
 
-async def verify(db: af.Database, transfers: int) -> None:
-    """Money is conserved and every unit inserted exactly one transfer row."""
+async def verify(db: af.Database, transfers: int, *, outbox: bool = False) -> None:
+    """Money is conserved and every unit inserted exactly one transfer row
+    (and, with ``outbox``, one outbox entry, their versions without a gap)."""
     n = names(db)
     total = await db.fetch_value(
         af.sql("SELECT SUM({b}) FROM {t}", b=af.Identifier("balance"), t=af.Identifier(*n.accounts))
@@ -199,6 +201,16 @@ async def verify(db: af.Database, transfers: int) -> None:
             f"workload broken: balance sum {total} (want {ACCOUNTS * OPENING_BALANCE}), "
             f"{rows} transfer rows (want {transfers})"
         )
+    if outbox:
+        stamps = await db.fetch(
+            af.sql("SELECT {v} FROM {t}", v=af.Identifier("versionstamp"), t=OUTBOX_TABLE)
+        )
+        versions = sorted(int(row["versionstamp"][:20], 16) for row in stamps)
+        if len(versions) != transfers or versions != list(range(versions[0], versions[-1] + 1)):
+            raise AssertionError(
+                f"outbox broken: {len(versions)} entries (want {transfers}), versions "
+                f"{versions[:1]}..{versions[-1:]} not one gap-free run"
+            )
 
 
 def plan(units: int, seed: int) -> list[tuple[int, int, int]]:

@@ -72,7 +72,7 @@ async def read_rows(db: af.Database) -> int:
         d=af.Identifier("ref_map"),
         e=af.Identifier("created_at"),
     )
-    table = af.Identifier("fragno_db_outbox")
+    table = common.OUTBOX_TABLE
     after, total = "", 0
     while True:
         rows = await db.fetch(

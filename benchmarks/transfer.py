@@ -4,7 +4,7 @@
 phase, outside any transaction), then in one transaction updates both with a
 version check (``UPDATE ... SET balance = ?, _version = _version + 1 WHERE id
 = ? AND _version = ?``; 0 rows = conflict, and the whole unit is retried) and
-inserts a transfer row. The same work, written four ways per backend:
+inserts a transfer row. The same work, written five ways per backend:
 
 * ``aiofragno``: ``db.execute_uow`` (outbox off);
 * ``aiofragno+outbox``: the same with ``outbox=True``;
@@ -15,6 +15,11 @@ inserts a transfer row. The same work, written four ways per backend:
   aiofragno's pragmas (WAL, busy_timeout, foreign_keys), BEGIN IMMEDIATE and an
   asyncio.Lock admitting one writer at a time; asyncmy with its pool,
   FOUND_ROWS, autocommit and explicit begin;
+* ``raw+outbox``: ``raw`` plus the unit's outbox entry before COMMIT -- the
+  payload built by hand, then the statements aiofragno's outbox writer sends
+  (reserve the version, insert the entry), one round trip each: what the
+  gap-free, commit-ordered outbox costs hand-written code, so that
+  ``aiofragno+outbox`` can be read against it as well as against ``raw``;
 * ``sqlalchemy``: the SQLAlchemy 2 asyncio ORM with ``version_id_col`` on the
   same ``_version`` column (select by owner, modify, add, commit; on
   StaleDataError retry), on its async drivers.
@@ -30,7 +35,8 @@ backend and concurrency: each variant warms up (untimed), then the variants run
 in turn, ``--rounds`` times (default 4, ``--units`` split evenly; order reversed
 every other round) so that machine noise hits all alike, each run on freshly
 reset tables; a run is checked afterwards (money conserved, one transfer row
-per unit). Results: a table per backend x concurrency (units/s = all units /
+per unit, and one outbox entry per unit with gap-free versions where the
+variant writes them). Results: a table per backend x concurrency (units/s = all units /
 all run time; p50/p99 of unit latency including retries; conflicts = retried
 attempts; CPU us/unit = this process's CPU time, driver threads included,
 server excluded -- steadier than wall time on a busy machine), the ratios -- overall, and the median and range of the per-round
@@ -47,17 +53,21 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import json
 import math
+import os
 import sqlite3
 import statistics
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiofragno as af
+from aiofragno.codec import utc_now
 from aiofragno.schema import new_external_id
 
 from . import _common as common
@@ -91,6 +101,7 @@ class Variant(abc.ABC):
 
     name: str
     driver: str
+    outbox = False  # writes an outbox entry per unit
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -174,13 +185,24 @@ class Statements:
 
 class Raw(Variant):
     """Hand-written: one connection per attempt; rows are tuples
-    (_id, id, _version, owner, balance). Subclasses supply the driver calls."""
+    (_id, id, _version, owner, balance). Subclasses supply the driver calls.
+    With ``outbox``, the unit also writes its outbox entry before COMMIT: the
+    payload built by hand, then aiofragno's entry statements (their SQL text,
+    taken from ``Database.outbox_statements``), one round trip each."""
 
     name = "raw"
     placeholder: Callable[[int], str] = staticmethod(lambda i: "?")
 
+    def __init__(self, target: Target, *, outbox: bool = False) -> None:
+        super().__init__(target)
+        self.outbox = outbox
+        if outbox:
+            self.name += "+outbox"
+
     async def open(self, admin: af.Database) -> None:
         self.sql = Statements.build(common.names(admin), self.placeholder)
+        self.entry_statements = admin.outbox_statements
+        self.encode_time = admin.codec.encoder("timestamp")
         await self.connect()
 
     async def attempt(self, lo: int, hi: int, amount: int) -> None:
@@ -193,11 +215,59 @@ class Raw(Variant):
                     raise Conflict(owner(lo))
                 if await self.write(conn, self.sql.update, (b[4] + amount, b[1], b[2])) != 1:
                     raise Conflict(owner(hi))
-                await self.write(conn, self.sql.insert, (new_external_id(), a[0], b[0], amount))
+                transfer = new_external_id()
+                await self.write(conn, self.sql.insert, (transfer, a[0], b[0], amount))
+                if self.outbox:
+                    await self.write_entry(conn, a, b, amount, transfer)
                 await self.commit(conn)
             except BaseException:
                 await self.rollback(conn)
                 raise
+
+    async def write_entry(
+        self, conn: Any, a: Sequence[Any], b: Sequence[Any], amount: int, transfer: str
+    ) -> None:
+        stand_in = os.urandom(10).hex()  # the database puts the reserved version in its place
+        where = {"schema": SCHEMA.name, "namespace": SCHEMA.name}
+        mutations = [
+            {
+                "op": "update",
+                **where,
+                "table": "accounts",
+                "external_id": row[1],
+                "versionstamp": f"{stand_in}000{i}",
+                "set": {"balance": balance},
+                "check_version": row[2],
+            }
+            for i, (row, balance) in enumerate(((a, a[4] - amount), (b, b[4] + amount)))
+        ]
+        mutations.append(
+            {
+                "op": "create",
+                **where,
+                "table": "transfers",
+                "external_id": transfer,
+                "versionstamp": f"{stand_in}0002",
+                "values": {"src": a[1], "dst": b[1], "amount": amount},
+            }
+        )
+        queries = self.entry_statements.queries(
+            {
+                "stamp": stand_in + "0000",
+                "stand_in": stand_in,
+                "uow_id": str(uuid.uuid4()),
+                "payload": json.dumps(
+                    {"version": 1, "mutations": mutations}, separators=(",", ":")
+                ),
+                "refs": json.dumps({"2.src": a[1], "2.dst": b[1]}, separators=(",", ":")),
+                "created": self.encode_time(utc_now()),  # (millisecond precision)
+            }
+        )
+        for sql, params in queries:
+            if " RETURNING " in sql:
+                await self.fetch_row(conn, sql, params)
+            else:
+                await self.write(conn, sql, params)
 
     @abc.abstractmethod
     async def connect(self) -> None: ...
@@ -540,17 +610,33 @@ VARIANTS: dict[str, list[Callable[[Target], Variant]]] = {
         lambda t: Aiofragno(t, backend="aiosqlite"),
         lambda t: Aiofragno(t, backend="aiosqlite", outbox=True),
         RawAiosqlite,
+        lambda t: RawAiosqlite(t, outbox=True),
         SqlAlchemy,
         lambda t: Aiofragno(t, backend="sqlite"),
         RawSqliteThread,
     ],
-    "postgresql": [Aiofragno, lambda t: Aiofragno(t, outbox=True), RawAsyncpg, SqlAlchemy],
-    "mysql": [Aiofragno, lambda t: Aiofragno(t, outbox=True), RawAsyncmy, SqlAlchemy],
+    "postgresql": [
+        Aiofragno,
+        lambda t: Aiofragno(t, outbox=True),
+        RawAsyncpg,
+        lambda t: RawAsyncpg(t, outbox=True),
+        SqlAlchemy,
+    ],
+    "mysql": [
+        Aiofragno,
+        lambda t: Aiofragno(t, outbox=True),
+        RawAsyncmy,
+        lambda t: RawAsyncmy(t, outbox=True),
+        SqlAlchemy,
+    ],
 }
 # (label, numerator, denominator, target from DESIGN.md or None)
 RATIOS = [
     ("aiofragno/raw", "aiofragno", "raw", 0.9),
     ("aiofragno+outbox/raw", "aiofragno+outbox", "raw", 0.8),
+    # What the outbox costs hand-written code, and us against that.
+    ("raw+outbox/raw", "raw+outbox", "raw", None),
+    ("aiofragno+outbox/raw+outbox", "aiofragno+outbox", "raw+outbox", None),
     ("aiofragno/sqlalchemy", "aiofragno", "sqlalchemy", 3.0),
     ("aiofragno-thread/raw-thread", "aiofragno-thread", "raw-thread", 0.9),
 ]
@@ -644,7 +730,7 @@ async def bench_target(
                     await common.reset(admin)
                     gc.collect()
                     seconds, latencies, conflicts, cpu = await run(v, work, concurrency)
-                    await common.verify(admin, len(work))
+                    await common.verify(admin, len(work), outbox=v.outbox)
                     m = measured[v.name]
                     m.seconds += seconds
                     m.cpu += cpu

@@ -206,9 +206,17 @@ class ValueCodec:
     def __init__(self, storage: StorageProfile, *, naive_datetimes: str = "reject") -> None:
         self.storage = storage
         self._naive_as_utc = naive_datetimes == "utc"
+        self._encoders: dict[tuple[str, int | None], Encode] = {}
 
     def encoder(self, kind: str, length: int | None = None) -> Encode:
-        """Check-and-convert for ``kind`` (``length``: a varchar's limit)."""
+        """Check-and-convert for ``kind`` (``length``: a varchar's limit);
+        built once per kind and length (the outbox writer asks per unit)."""
+        encode = self._encoders.get((kind, length))
+        if encode is None:
+            encode = self._encoders[kind, length] = self._build_encoder(kind, length)
+        return encode
+
+    def _build_encoder(self, kind: str, length: int | None) -> Encode:
         s = self.storage
         if kind in ("string", "text", "varchar"):
             limit = (

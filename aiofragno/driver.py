@@ -160,6 +160,11 @@ class DialectAdapter:
     # A data-modifying statement may sit in a WITH clause, so one statement
     # can reserve an outbox version and write the entry.
     supports_writable_cte: bool
+    # One read's rows as one value, an array of row values, so that a unit's
+    # reads travel as one statement ({columns}: the read's select list;
+    # {rest}: the read after "SELECT <columns> FROM "). None: reads go as a
+    # batch.
+    rows_array_sql: str | None
     storage: StorageProfile
     ddl: DdlSpec
 

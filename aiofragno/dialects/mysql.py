@@ -39,6 +39,7 @@ ADAPTER = DialectAdapter(
     version_hex_sql="LPAD(LOWER(HEX(CAST({value} AS UNSIGNED))), 20, '0')",
     json_from_text_sql="{x}",
     supports_writable_cte=False,
+    rows_array_sql=None,  # (the driver sends a batch in one round trip)
     storage=StorageProfile(timestamp="utc-naive", string_max_chars=255, decimal_digits=(35, 30)),
     ddl=DdlSpec(
         types={

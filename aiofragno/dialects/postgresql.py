@@ -40,6 +40,8 @@ ADAPTER = DialectAdapter(
     version_hex_sql="lpad(to_hex(CAST({value} AS BIGINT)), 20, '0')",
     json_from_text_sql="CAST({x} AS jsonb)",
     supports_writable_cte=True,
+    # (An array constructor keeps its subquery's ORDER BY order.)
+    rows_array_sql="ARRAY(SELECT ROW({columns}) FROM {rest})",
     storage=StorageProfile(text_rejects_nul=True, extreme_dates_are_infinity=True),
     ddl=DdlSpec(
         types={

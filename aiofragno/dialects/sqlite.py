@@ -75,6 +75,7 @@ _BASE = DialectAdapter(
     version_hex_sql="printf('%020x', CAST({value} AS INTEGER))",
     json_from_text_sql="{x}",
     supports_writable_cte=False,
+    rows_array_sql=None,  # (the driver sends a batch in one round trip)
     storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),
     ddl=DdlSpec(
         types={

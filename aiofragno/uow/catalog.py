@@ -51,7 +51,7 @@ class TableInfo:
         for column in self.table.columns.values():
             self.columns[column.name] = _column_info(catalog, column)
         self.decimal_as_text = catalog.codec.storage.decimal == "text"
-        self.select_sql, self.decode = self._build_select(catalog)
+        self.select_columns, self.select_sql, self.decode = self._build_select(catalog)
 
     def column(self, name: str) -> ColumnInfo:
         info = self.columns.get(name)
@@ -75,7 +75,8 @@ class TableInfo:
 
     def _build_select(
         self, catalog: Catalog
-    ) -> tuple[str, Callable[[Sequence[Any]], dict[str, Any]]]:
+    ) -> tuple[str, str, Callable[[Sequence[Any]], dict[str, Any]]]:
+        """The select list, the SELECT of a whole row, and its decoder."""
         quote = catalog.compiler.quote_identifier
         selected = [self.internal_id, f"{ALIAS}.{quote(EXTERNAL_ID)}", f"{ALIAS}.{quote(VERSION)}"]
         joins: list[str] = []
@@ -95,8 +96,9 @@ class TableInfo:
                 ref_position = len(selected)
                 selected.append(f"{alias}.{quote(EXTERNAL_ID)}")
             plan.append((info.name, plan_position, catalog.codec.decoder(info.kind), ref_position))
-        sql = f"SELECT {', '.join(selected)} FROM {self.sql_name} {ALIAS}{''.join(joins)}"
-        return sql, _decoder(plan)
+        columns = ", ".join(selected)
+        sql = f"SELECT {columns} FROM {self.sql_name} {ALIAS}{''.join(joins)}"
+        return columns, sql, _decoder(plan)
 
 
 def _decoder(

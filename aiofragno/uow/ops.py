@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import tagged_json
-from ..driver import CompiledQuery, QueryResult, Row
+from ..driver import CompiledQuery, QueryResult
 from ..errors import ValidationError
 from ..schema import EXTERNAL_ID, INTERNAL_ID, VERSION, RowId, new_external_id
 from .catalog import Catalog, TableInfo
@@ -68,8 +68,8 @@ class RetrievalOp(ABC):
         """The read's SQL and parameters."""
 
     @abstractmethod
-    def accept(self, result: QueryResult) -> None:
-        """Take the read's rows as ``result``."""
+    def accept(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Take the read's rows (each a sequence of column values) as ``result``."""
 
     @abstractmethod
     def empty(self) -> None:
@@ -192,14 +192,14 @@ class Find(RetrievalOp):
     def compile(self, catalog: Catalog) -> CompiledQuery:
         return compile_cached(catalog, self.table, self.shape(), self.render)
 
-    def accept(self, result: QueryResult) -> None:
+    def accept(self, rows: Sequence[Sequence[Any]]) -> None:
         decode = self.table.decode
-        rows = [decode(_values(row)) for row in result.rows]
+        decoded = [decode(values) for values in rows]
         if self.first:
-            self._result = rows[0] if rows else None
+            self._result = decoded[0] if decoded else None
             return
-        page = FindResult(rows)
-        if self.limit is not None and len(rows) > self.limit:
+        page = FindResult(decoded)
+        if self.limit is not None and len(decoded) > self.limit:
             del page[self.limit :]
             page.cursor = self._cursor_after(page[-1])
         self._result = page
@@ -237,10 +237,6 @@ def _decode_cursor(cursor: str, key: str, width: int) -> list[Any]:
     return values
 
 
-def _values(row: Row) -> Sequence[Any]:
-    return row._values
-
-
 class Count(RetrievalOp):
     def __init__(self, table: TableInfo, where: Expr | Mapping[str, Any] | None) -> None:
         super().__init__(table)
@@ -260,8 +256,8 @@ class Count(RetrievalOp):
             self.render,
         )
 
-    def accept(self, result: QueryResult) -> None:
-        self._result = int(_values(result.rows[0])[0])
+    def accept(self, rows: Sequence[Sequence[Any]]) -> None:
+        self._result = int(rows[0][0])
 
     def empty(self) -> None:
         self._result = 0

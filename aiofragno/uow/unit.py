@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from ..driver import CompiledQuery, QueryResult
 from ..schema import RowId
 from .catalog import Catalog
+from .combine_reads import combine_reads, split_reads
 from .expr import Expr
 from .ops import Check, Count, Create, Delete, Find, MutationOp, RetrievalOp, Update
 
@@ -84,9 +85,13 @@ class UnitOfWork:
             for op in reads:
                 op.empty()
             return
-        results = await self._reader(queries)
-        for op, result in zip(reads, results, strict=True):
-            op.accept(result)
+        combined = combine_reads(self._catalog, reads, queries)
+        if combined is None:
+            rows = [[row._values for row in result.rows] for result in await self._reader(queries)]
+        else:
+            rows = split_reads(reads, (await self._reader([combined]))[0])
+        for op, values in zip(reads, rows, strict=True):
+            op.accept(values)
 
     # -- mutations ---------------------------------------------------------
 

@@ -194,6 +194,36 @@ async def test_round_trip_every_type_with_edge_values(db: af.Database, spaces: N
     assert not problems, "\n".join(problems)
 
 
+async def test_reads_retrieved_together_decode_alike(db: af.Database, spaces: Namespaces) -> None:
+    """Every edge value read by a find that shares its retrieve() with other
+    reads (one statement where the dialect combines them) comes back exactly
+    as a find on its own returns it."""
+    ns = await migrated(db, spaces)
+    cases = EDGE_VALUES + (MICROSECOND_VALUES if microseconds_kept(db) else [])
+
+    async def write(uow: af.UnitOfWork) -> None:
+        for column, value in cases:
+            uow.create("v", {column: value})
+
+    await db.execute_uow(write, schema=TYPES, namespace=ns)
+
+    async def together(uow: af.UnitOfWork) -> tuple[list[dict[str, Any]], int, Any]:
+        rows, n, first = uow.find("v"), uow.count("v"), uow.find_first("v")
+        await uow.retrieve()
+        return list(rows.result), n.result, first.result
+
+    rows, n, first = await db.execute_uow(together, schema=TYPES, namespace=ns)
+    alone = await read_all(db, ns)
+    assert n == len(cases) == len(rows) and first == alone[0]
+    problems = [
+        f"{column}: {why}"
+        for got, expected in zip(rows, alone, strict=True)
+        for column in COLUMNS
+        if (why := mismatch(expected[column], got[column])) is not None
+    ]
+    assert not problems, "\n".join(problems)
+
+
 async def test_round_trip_a_full_row_and_single_reads(db: af.Database, spaces: Namespaces) -> None:
     ns = await migrated(db, spaces)
     values = {

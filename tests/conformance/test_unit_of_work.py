@@ -1601,6 +1601,65 @@ async def test_no_ops_means_no_query(shop: Env, monkeypatch: pytest.MonkeyPatch)
     assert statements == [] and checkouts == 0 and hooked == []
 
 
+async def test_reads_of_one_retrieve_travel_as_one_statement(
+    shop: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the dialect has arrays of rows, the reads queued for one
+    ``retrieve()`` are one statement; every read's result is what it would
+    be on its own: order, pages, references, NULLs, counts, no rows."""
+    ids = await seed_accounts(shop, "alice", "bob", "carol", "dave")
+
+    async def seed(uow: af.UnitOfWork) -> None:
+        uow.create("transfers", {"src": ids["alice"], "dst": ids["bob"], "amount": 7})
+        uow.create("people", {"email": "e@example.com"})  # (account: NULL)
+
+    await shop.run(seed)
+    reads: list[Callable[[af.UnitOfWork], Any]] = [
+        lambda uow: uow.find("accounts", order_by=("owner", "desc"), limit=2),
+        lambda uow: uow.find_first("accounts", where={"owner": "carol"}),
+        lambda uow: uow.count("accounts", where=af.c.balance >= 100),
+        lambda uow: uow.find("transfers", where={"src": ids["alice"]}),
+        lambda uow: uow.find("people"),
+        lambda uow: uow.find_first("accounts", where={"owner": "nobody"}),
+        lambda uow: uow.find("accounts", where={"owner": "nobody"}),
+    ]
+
+    async def one_by_one(uow: af.UnitOfWork) -> list[Any]:
+        results = []
+        for read in reads:
+            op = read(uow)
+            await uow.retrieve()
+            results.append(op.result)
+        return results
+
+    alone = await shop.run(one_by_one)
+    batches: list[list[str]] = []
+    original = Session.execute_batch
+
+    async def spying(self_: Session, queries: Any, stop: Any = None) -> Any:
+        batches.append([q.sql for q in queries])
+        return await original(self_, queries, stop)
+
+    monkeypatch.setattr(Session, "execute_batch", spying)
+
+    async def together(uow: af.UnitOfWork) -> list[Any]:
+        ops = [read(uow) for read in reads]
+        await uow.retrieve()
+        return [op.result for op in ops]
+
+    both = await shop.run(together)
+    combined = shop.db.adapter.rows_array_sql is not None
+    assert [len(batch) for batch in batches] == [1 if combined else len(reads)]
+    assert both == alone
+    assert [row["owner"] for row in both[0]] == ["dave", "carol"]
+    assert both[0].cursor == alone[0].cursor and both[0].cursor is not None
+    assert both[1]["id"] == ids["carol"] and both[1]["id"].internal_id is not None
+    assert both[2] == 4
+    assert [(t["src"], t["dst"], t["amount"]) for t in both[3]] == [(ids["alice"], ids["bob"], 7)]
+    assert both[4][0]["account"] is None
+    assert both[5] is None and both[6] == []
+
+
 async def test_retrieval_only_unit_makes_no_transaction(
     shop: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -605,6 +605,16 @@ def _sqlalchemy_models(names: common.Names) -> tuple[Any, Any]:
     return Account, Transfer
 
 
+def _server_variants(raw: type[Raw]) -> list[Callable[[Target], Variant]]:
+    return [
+        Aiofragno,
+        lambda t: Aiofragno(t, outbox=True),
+        raw,
+        lambda t: raw(t, outbox=True),
+        SqlAlchemy,
+    ]
+
+
 VARIANTS: dict[str, list[Callable[[Target], Variant]]] = {
     "sqlite": [
         lambda t: Aiofragno(t, backend="aiosqlite"),
@@ -615,20 +625,8 @@ VARIANTS: dict[str, list[Callable[[Target], Variant]]] = {
         lambda t: Aiofragno(t, backend="sqlite"),
         RawSqliteThread,
     ],
-    "postgresql": [
-        Aiofragno,
-        lambda t: Aiofragno(t, outbox=True),
-        RawAsyncpg,
-        lambda t: RawAsyncpg(t, outbox=True),
-        SqlAlchemy,
-    ],
-    "mysql": [
-        Aiofragno,
-        lambda t: Aiofragno(t, outbox=True),
-        RawAsyncmy,
-        lambda t: RawAsyncmy(t, outbox=True),
-        SqlAlchemy,
-    ],
+    "postgresql": _server_variants(RawAsyncpg),
+    "mysql": _server_variants(RawAsyncmy),
 }
 # (label, numerator, denominator, target from DESIGN.md or None)
 RATIOS = [
@@ -800,9 +798,9 @@ def report(
                 }
             )
     for f in found:
-        goal = f" (target >= {f['target']})" if f["target"] else ""
+        wanted = f" (target >= {f['target']})" if f["target"] else ""
         print(
-            f"  {f['ratio']} {f['value']:.2f}{goal}; per round: median {f['round_median']:.2f}, "
+            f"  {f['ratio']} {f['value']:.2f}{wanted}; per round: median {f['round_median']:.2f}, "
             f"range {f['round_min']:.2f}-{f['round_max']:.2f}"
         )
     return found

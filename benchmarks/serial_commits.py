@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import aiofragno as af
+from aiofragno.url import parse_url
 
 from . import _common as common
 
@@ -29,7 +30,7 @@ Upsert = Callable[[Any, int], Awaitable[None]]
 async def _postgresql(url: str) -> tuple[Any, Upsert]:
     import asyncpg
 
-    parsed = common.parse_url(url)
+    parsed = parse_url(url)
     pool = await asyncpg.create_pool(
         host=parsed.host,
         port=parsed.port,
@@ -53,7 +54,7 @@ async def _postgresql(url: str) -> tuple[Any, Upsert]:
 async def _mysql(url: str) -> tuple[Any, Upsert]:
     import asyncmy
 
-    parsed = common.parse_url(url)
+    parsed = parse_url(url)
     pool = await asyncmy.create_pool(
         host=parsed.host,
         port=parsed.port or 3306,

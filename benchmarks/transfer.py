@@ -89,7 +89,7 @@ def driver_conflict(exc: BaseException | None) -> bool:
         return True
     if getattr(exc, "sqlite_errorcode", None) in (5, 6, 517):
         return True
-    args = getattr(exc, "args", ())
+    args: tuple[Any, ...] = exc.args
     return bool(args) and args[0] in (1213, 1205)
 
 

@@ -36,7 +36,7 @@ import sys
 import time
 import traceback
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +60,7 @@ LOAD_UNITS = 1_000
 CONCURRENCY = 16
 RETRY = af.ExponentialBackoff(max_retries=100, initial=0.001, maximum=0.05)
 KILL_INTERVAL = 0.5  # seconds between rounds of killing every pooled backend
+MIN_KILL_ROUNDS = 3  # rounds that must kill sessions while the load runs
 DEADLINE = 1.0  # reconnect_deadline of the "unreachable" tests
 CONNECT_TIMEOUT = 2.0
 TEST_LIMIT = 60  # seconds; a hang fails the test instead of blocking the suite
@@ -245,16 +246,19 @@ class Load:
         self.finished.append(time.monotonic())
         return value
 
-    async def run_many(self, seqs: range, concurrency: int) -> None:
-        limiter = anyio.CapacityLimiter(concurrency)
+    async def run_while(
+        self, seqs: Iterator[int], concurrency: int, more: Callable[[], bool]
+    ) -> None:
+        """Units numbered from ``seqs``, ``concurrency`` at a time, each worker
+        starting another while ``more()`` holds."""
 
-        async def one(seq: int) -> None:
-            async with limiter:
-                await self.run(seq)
+        async def worker() -> None:
+            while more():
+                await self.run(next(seqs))
 
         async with anyio.create_task_group() as tg:
-            for seq in seqs:
-                tg.start_soon(one, seq)
+            for _ in range(concurrency):
+                tg.start_soon(worker)
 
     def summary(self) -> str:
         kinds = Counter(
@@ -444,14 +448,21 @@ async def test_server_terminates_idle_connection(
 async def test_backends_killed_repeatedly_during_load(
     server: Server, bank: Bank, target: Target, request: pytest.FixtureRequest
 ) -> None:
-    """1,000 transfer units at concurrency 16 — half on a Database with the
-    outbox, half on one without, over the same 50 accounts — while every
-    0.5 s each server session of both is terminated (PostgreSQL
-    ``pg_terminate_backend``, MariaDB ``KILL``). Their sessions are told apart
-    from everyone else's by their client port: the Databases connect through
-    a pass-through proxy whose upstream ports we know."""
+    """At least 1,000 transfer units at concurrency 16 — half on a Database
+    with the outbox, half on one without, over the same 50 accounts — while
+    every 0.5 s each server session of both is terminated (PostgreSQL
+    ``pg_terminate_backend``, MariaDB ``KILL``). The load goes on until at
+    least MIN_KILL_ROUNDS rounds have killed sessions, however fast the
+    machine. Their sessions are told apart from everyone else's by their
+    client port: the Databases connect through a pass-through proxy whose
+    upstream ports we know."""
     kills: list[int] = []
-    half = LOAD_UNITS // 2
+    plain_seqs, outbox_seqs = itertools.count(0, 2), itertools.count(1, 2)
+
+    def more() -> bool:
+        started = len(plain.calls) + len(outboxed.calls)
+        return started < LOAD_UNITS or sum(1 for k in kills if k) < MIN_KILL_ROUNDS
+
     async with (
         server.proxied(pool_size=CONCURRENCY // 2, outbox=False) as (proxy, plain_db),
         server.connect(server.via(proxy), pool_size=CONCURRENCY // 2, outbox=True) as outbox_db,
@@ -468,20 +479,23 @@ async def test_backends_killed_repeatedly_during_load(
 
                 tg.start_soon(killer)
                 async with anyio.create_task_group() as units:
-                    units.start_soon(plain.run_many, range(half), CONCURRENCY // 2)
-                    units.start_soon(outboxed.run_many, range(half, LOAD_UNITS), CONCURRENCY // 2)
+                    units.start_soon(plain.run_while, plain_seqs, CONCURRENCY // 2, more)
+                    units.start_soon(outboxed.run_while, outbox_seqs, CONCURRENCY // 2, more)
                 tg.cancel_scope.cancel()
         elapsed = time.monotonic() - started
+        units = len(plain.outcomes) + len(outboxed.outcomes)
         # The same Databases go on working.
-        for load, seq in ((plain, LOAD_UNITS), (outboxed, LOAD_UNITS + 1)):
+        for load, seqs in ((plain, plain_seqs), (outboxed, outbox_seqs)):
+            seq = next(seqs)
             assert isinstance(await load.run(seq), af.RowId), load.outcomes[seq]
 
     print(
-        f"\n[fault] {target} kill every {KILL_INTERVAL}s: {LOAD_UNITS} units in {elapsed:.2f}s, "
+        f"\n[fault] {target} kill every {KILL_INTERVAL}s: {units} units in {elapsed:.2f}s, "
         f"{sum(kills)} sessions killed in {sum(1 for k in kills if k)} rounds; "
         f"{plain.summary()}; {outboxed.summary()}"
     )
-    assert sum(1 for k in kills if k) >= 3, f"the load ran without enough kills: {kills}"
+    assert units >= LOAD_UNITS
+    assert sum(1 for k in kills if k) >= MIN_KILL_ROUNDS, f"too few rounds killed: {kills}"
     await audit(plain, outboxed)
 
 

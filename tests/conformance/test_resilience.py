@@ -483,18 +483,18 @@ async def test_backends_killed_repeatedly_during_load(
                     units.start_soon(outboxed.run_while, outbox_seqs, CONCURRENCY // 2, more)
                 tg.cancel_scope.cancel()
         elapsed = time.monotonic() - started
-        units = len(plain.outcomes) + len(outboxed.outcomes)
+        ran = len(plain.outcomes) + len(outboxed.outcomes)
         # The same Databases go on working.
         for load, seqs in ((plain, plain_seqs), (outboxed, outbox_seqs)):
             seq = next(seqs)
             assert isinstance(await load.run(seq), af.RowId), load.outcomes[seq]
 
     print(
-        f"\n[fault] {target} kill every {KILL_INTERVAL}s: {units} units in {elapsed:.2f}s, "
+        f"\n[fault] {target} kill every {KILL_INTERVAL}s: {ran} units in {elapsed:.2f}s, "
         f"{sum(kills)} sessions killed in {sum(1 for k in kills if k)} rounds; "
         f"{plain.summary()}; {outboxed.summary()}"
     )
-    assert units >= LOAD_UNITS
+    assert ran >= LOAD_UNITS
     assert sum(1 for k in kills if k) >= MIN_KILL_ROUNDS, f"too few rounds killed: {kills}"
     await audit(plain, outboxed)
 

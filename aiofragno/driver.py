@@ -155,7 +155,7 @@ class DialectAdapter:
     # The outbox version as 20 lowercase hex digits, from the counter's text
     # value ({value}: an SQL expression).
     version_hex_sql: str
-    # Text turned into a JSON column's value ({x}: an SQL expression).
+    # Text turned into a json_document column's value ({x}: an SQL expression).
     json_from_text_sql: str
     # A data-modifying statement may sit in a WITH clause, so one statement
     # can reserve an outbox version and write the entry.

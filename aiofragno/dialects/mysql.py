@@ -52,6 +52,7 @@ ADAPTER = DialectAdapter(
             "decimal": "decimal(65,30)",
             "bool": "boolean",
             "json": "json",
+            "json_document": "json",
             "binary": "longblob",
             "date": "date",
             "timestamp": "datetime(6)",

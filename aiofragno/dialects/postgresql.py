@@ -38,7 +38,7 @@ ADAPTER = DialectAdapter(
     version_sql="SELECT version()",
     row_share_lock=" FOR SHARE",
     version_hex_sql="lpad(to_hex(CAST({value} AS BIGINT)), 20, '0')",
-    json_from_text_sql="CAST({x} AS jsonb)",
+    json_from_text_sql="CAST({x} AS json)",
     supports_writable_cte=True,
     # (An array constructor keeps its subquery's ORDER BY order.)
     rows_array_sql="ARRAY(SELECT ROW({columns}) FROM {rest})",
@@ -53,6 +53,9 @@ ADAPTER = DialectAdapter(
             "decimal": "numeric",
             "bool": "boolean",
             "json": "jsonb",
+            # Kept as written: jsonb would be parsed into binary on every
+            # write and printed back to text on every read.
+            "json_document": "json",
             "binary": "bytea",
             "date": "date",
             "timestamp": "timestamptz",

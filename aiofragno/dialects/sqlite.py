@@ -88,6 +88,7 @@ _BASE = DialectAdapter(
             "decimal": "text",
             "bool": "integer",
             "json": "text",
+            "json_document": "text",
             "binary": "blob",
             "date": "text",
             "timestamp": "integer",

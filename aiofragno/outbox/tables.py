@@ -25,8 +25,8 @@ def _columns(spec: DdlSpec) -> dict[str, list[tuple[str, str]]]:
         OUTBOX: [
             ("versionstamp", f"{t['versionstamp']} NOT NULL UNIQUE"),
             ("uow_id", f"{name} NOT NULL"),
-            ("payload", f"{t['json']} NOT NULL"),
-            ("ref_map", t["json"]),
+            ("payload", f"{t['json_document']} NOT NULL"),
+            ("ref_map", t["json_document"]),
             ("created_at", f"{t['timestamp']} NOT NULL"),
         ],
         CONSUMERS: [
@@ -40,7 +40,7 @@ def _columns(spec: DdlSpec) -> dict[str, list[tuple[str, str]]]:
             ("consumer", f"{name} NOT NULL"),
             ("versionstamp", f"{t['versionstamp']} NOT NULL"),
             ("uow_id", f"{name} NOT NULL"),
-            ("entry", f"{t['json']} NOT NULL"),
+            ("entry", f"{t['json_document']} NOT NULL"),
             ("error", f"{t['text']} NOT NULL"),
             ("attempts", f"{t['integer']} NOT NULL"),
             ("created_at", f"{t['timestamp']} NOT NULL"),

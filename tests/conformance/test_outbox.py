@@ -1425,3 +1425,36 @@ async def test_migrate_recreates_a_missing_counter_after_the_last_version(
     await db.migrate(SHOP)
     await db.execute_uow(lambda uow: _create_one(uow, "after"), schema=SHOP)
     assert [version_of(e.versionstamp) for e in await db.outbox.list()] == [1, 2, 3, 4]
+
+
+async def test_outbox_columns_of_the_general_json_type_still_work(fresh_db: af.Database) -> None:
+    """Outbox payloads are stored as ``json_document`` (PostgreSQL: json, kept
+    as written, so reading does not print jsonb back to text). Outbox tables
+    created before that used the general ``json`` type (jsonb); migrate leaves
+    them as they are, and writing and reading must work on them unchanged."""
+    db = fresh_db
+    types = db.adapter.ddl.types
+    if types["json"] == types["json_document"]:
+        pytest.skip(f"{db.name} stores outbox payloads as {types['json']} either way")
+    await db.migrate(SHOP)
+    quote = db.compiler.quote_identifier
+    await db.execute(
+        db.raw(
+            f"ALTER TABLE {quote(OUTBOX)} "
+            f"ALTER COLUMN {quote('payload')} TYPE {types['json']}, "
+            f"ALTER COLUMN {quote('ref_map')} TYPE {types['json']}"
+        )
+    )
+    await db.migrate(SHOP)
+
+    async def pay(uow: af.UnitOfWork) -> None:
+        src = uow.create("accounts", {"owner": "a", "balance": 10})
+        uow.create("transfers", {"src": src, "amount": 2**60})
+
+    await db.execute_uow(pay, schema=SHOP, idempotency_key="old-columns")
+    (entry,) = await db.outbox.list()
+    assert entry == await db.outbox.find("old-columns")
+    created = [m["values"] for m in entry.mutations]
+    assert created[0]["owner"] == "a"
+    assert created[1]["amount"] == 2**60  # a tagged value survives the column
+    assert entry.ref_map == {"1.src": created[1]["src"]}

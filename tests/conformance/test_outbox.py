@@ -1408,6 +1408,8 @@ async def test_first_reservation_without_a_counter_row_is_version_one(
         await db.execute_uow(lambda uow, n=n: _create_one(uow, f"o{n}"), schema=SHOP, hooks=hooks)
     entries = await db.outbox.list()
     assert [version_of(e.versionstamp) for e in entries] == [1, 2, 3]
+    # The payload got the same version as the row, on both branches too.
+    assert [e.mutations[0]["versionstamp"] for e in entries] == [e.versionstamp for e in entries]
     # What the unit reports is what it wrote, on both branches of the upsert.
     assert stamps == [e.versionstamp for e in entries] == [stamp_of(v) for v in (1, 2, 3)]
 

@@ -1,0 +1,186 @@
+"""What writing an outbox entry costs MariaDB/MySQL itself, with no aiofragno
+code and almost no client work on the measured path.
+
+One asyncmy connection loops a transfer-shaped transaction sent as one
+multi-statement round trip (BEGIN, 2 updates, 1 insert, COMMIT) in five
+shapes: alone; with a plain INSERT of an outbox-sized entry (the cheapest
+entry there is: no version counter); with the counter's reservation (an
+upsert) before that plain INSERT; with the entry taking the reserved version
+from the session (``LAST_INSERT_ID()``, aiofragno since 191c201); and with
+the entry reading it back from the counter row (a subquery, aiofragno
+before). Shapes interleave in ``--rounds``; reported: microseconds per
+transaction (best and median round) and each shape's rate against the first.
+
+    python -m benchmarks.outbox_entry_cost [--units 1000] [--rounds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiofragno as af
+from aiofragno.url import parse_url
+
+from . import _common as common
+
+SETUP = [
+    "DROP TABLE IF EXISTS cost_accounts, cost_transfers, cost_outbox, cost_settings",
+    "CREATE TABLE cost_accounts (id bigint AUTO_INCREMENT PRIMARY KEY, "
+    "ext varchar(64) UNIQUE, balance bigint, version int) ENGINE=InnoDB",
+    "CREATE TABLE cost_transfers (id bigint AUTO_INCREMENT PRIMARY KEY, ext varchar(64) UNIQUE, "
+    "src bigint, dst bigint, amount bigint, version int, KEY (src), KEY (dst)) ENGINE=InnoDB",
+    "CREATE TABLE cost_outbox (id bigint AUTO_INCREMENT PRIMARY KEY, "
+    "versionstamp char(24) NOT NULL UNIQUE, uow_id varchar(255) NOT NULL, payload json NOT NULL, "
+    "ref_map json, created_at datetime(6) NOT NULL, KEY (uow_id)) ENGINE=InnoDB",
+    "CREATE TABLE cost_settings (id bigint AUTO_INCREMENT PRIMARY KEY, "
+    "`key` varchar(255) NOT NULL UNIQUE, value text) ENGINE=InnoDB",
+    "INSERT INTO cost_accounts (ext, balance, version) VALUES ('a', 1000, 0), ('b', 1000, 0)",
+    "INSERT INTO cost_settings (`key`, value) VALUES ('outbox.version', '0')",
+]
+UNIT = (
+    "BEGIN; UPDATE cost_accounts SET balance = balance - 1, version = version + 1 WHERE id = 1; "
+    "UPDATE cost_accounts SET balance = balance + 1, version = version + 1 WHERE id = 2; "
+    "INSERT INTO cost_transfers (ext, src, dst, amount, version) VALUES (%s, 1, 2, 1, 0)"
+)
+RESERVE = (
+    "; INSERT INTO cost_settings (`key`, value) VALUES ('outbox.version', '1') "
+    "ON DUPLICATE KEY UPDATE value = LAST_INSERT_ID(CAST(value AS UNSIGNED) + 1)"
+)
+ENTRY = (
+    "; INSERT INTO cost_outbox (versionstamp, uow_id, payload, ref_map, created_at) "
+    "VALUES ({stamp}, %s, {payload}, NULL, UTC_TIMESTAMP(6))"
+)
+FROM_SESSION = "LPAD(LOWER(HEX(IF(ROW_COUNT() = 1, 1, LAST_INSERT_ID()))), 20, '0')"
+FROM_ROW = (
+    "(SELECT LPAD(LOWER(HEX(CAST(value AS UNSIGNED))), 20, '0') "
+    "FROM cost_settings WHERE `key` = 'outbox.version')"
+)
+
+
+def _entry(version: str | None) -> str:
+    if version is None:
+        return ENTRY.format(stamp="%s", payload="%s")
+    # The stand-in swapped for the version, as aiofragno's entry does.
+    swap = f"REPLACE(%s, %s, {version})"
+    return ENTRY.format(stamp=swap, payload=swap)
+
+
+SHAPES = {
+    "no entry": UNIT,
+    "plain entry": UNIT + _entry(None),
+    "reserve + plain entry": UNIT + RESERVE + _entry(None),
+    "reserve + entry, version from session": UNIT + RESERVE + _entry(FROM_SESSION),
+    "reserve + entry, version from counter row": UNIT + RESERVE + _entry(FROM_ROW),
+}
+
+
+def _payload() -> str:
+    """A transfer unit's payload: 2 updates and a create, ~770 characters."""
+    mutation = {"op": "update", "schema": "shop", "namespace": "shop", "table": "accounts"}
+    updates = [
+        {**mutation, "external_id": os.urandom(8).hex(), "versionstamp": "0" * 24,
+         "set": {"balance": 1000 + i, "note": None}, "check_version": 6}
+        for i in range(2)
+    ]  # fmt: skip
+    create = {
+        **mutation,
+        "op": "create",
+        "table": "transfers",
+        "external_id": os.urandom(8).hex(),
+        "versionstamp": "0" * 24,
+        "values": {"src": "a" * 20, "dst": "b" * 20, "amount": 17},
+    }
+    return json.dumps({"version": 1, "mutations": [*updates, create]})
+
+
+def _parameters(shape: str, payload: str) -> tuple[Any, ...]:
+    transfer, uow_id, stand_in = os.urandom(8).hex(), os.urandom(12).hex(), os.urandom(10).hex()
+    if shape == "no entry":
+        return (transfer,)
+    if "plain" in shape:
+        return (transfer, stand_in + "0000", uow_id, payload)
+    return (transfer, stand_in + "0000", stand_in, uow_id, payload, stand_in)
+
+
+async def _loop(cursor: Any, shape: str, units: int, payload: str) -> float:
+    """Microseconds per transaction of ``units`` runs of ``shape``."""
+    started = time.perf_counter()
+    for _ in range(units):
+        await cursor.execute(SHAPES[shape] + "; COMMIT", _parameters(shape, payload))
+        while await cursor.nextset():
+            pass
+    return (time.perf_counter() - started) / units * 1e6
+
+
+async def measure(url: str, units: int, rounds: int) -> dict[str, Any]:
+    import asyncmy
+
+    parsed = parse_url(url)
+    conn = await asyncmy.connect(
+        host=parsed.host,
+        port=parsed.port or 3306,
+        user=parsed.username,
+        password=parsed.password or "",
+        db=parsed.database,
+        autocommit=True,
+    )
+    try:
+        async with conn.cursor() as cursor:
+            for statement in SETUP:
+                await cursor.execute(statement)
+            payload = _payload()
+            runs: dict[str, list[float]] = {shape: [] for shape in SHAPES}
+            for _ in range(rounds):
+                for shape in SHAPES:
+                    runs[shape].append(await _loop(cursor, shape, units, payload))
+            await cursor.execute(SETUP[0])
+    finally:
+        conn.close()
+    base = statistics.median(runs["no entry"])
+    return {
+        shape: {
+            "us_best": round(min(times), 1),
+            "us_median": round(statistics.median(times), 1),
+            "rate_vs_no_entry": round(base / statistics.median(times), 3),
+        }
+        for shape, times in runs.items()
+    }
+
+
+async def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.outbox_entry_cost")
+    parser.add_argument("--units", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    async with common.target("mysql", Path(".")) as target:
+        if target is None:
+            return
+        async with af.connect(target.url, pool_size=1) as admin:
+            server = await common.server_info(admin)
+        results = await measure(target.url, args.units, args.rounds)
+    common.print_table(
+        ["transaction", "us best", "us median", "rate vs no entry"],
+        [[shape, *r.values()] for shape, r in results.items()],
+    )
+    common.write_json(
+        args.json or common.default_json_path("outbox_entry_cost"),
+        {
+            "benchmark": "outbox_entry_cost",
+            "config": {"units": args.units, "rounds": args.rounds},
+            "machine": common.machine_info({"mysql": server}),
+            "results": results,
+        },
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -100,6 +100,20 @@ async def ensure_database(url: str) -> None:
                 await db.execute(af.sql("CREATE DATABASE {n}", n=af.Identifier(name)))
 
 
+def asyncmy_options(url: str) -> dict[str, Any]:
+    """Keyword arguments for asyncmy's connect / create_pool to ``url``, in
+    autocommit mode (the raw variants send their own BEGIN)."""
+    parsed = parse_url(url)
+    return {
+        "host": parsed.host,
+        "port": parsed.port or 3306,
+        "user": parsed.username,
+        "password": parsed.password or "",
+        "db": parsed.database,
+        "autocommit": True,
+    }
+
+
 @contextlib.asynccontextmanager
 async def target(dialect: str, tmpdir: Path) -> AsyncIterator[Target | None]:
     """The Target for ``dialect`` (None, with a message, when its server is down)."""

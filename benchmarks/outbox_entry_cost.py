@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import aiofragno as af
-from aiofragno.url import parse_url
 
 from . import _common as common
 
@@ -123,15 +122,7 @@ async def _loop(cursor: Any, shape: str, units: int, payload: str) -> float:
 async def measure(url: str, units: int, rounds: int) -> dict[str, Any]:
     import asyncmy
 
-    parsed = parse_url(url)
-    conn = await asyncmy.connect(
-        host=parsed.host,
-        port=parsed.port or 3306,
-        user=parsed.username,
-        password=parsed.password or "",
-        db=parsed.database,
-        autocommit=True,
-    )
+    conn = await asyncmy.connect(**common.asyncmy_options(url))
     try:
         async with conn.cursor() as cursor:
             for statement in SETUP:

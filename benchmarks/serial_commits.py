@@ -54,17 +54,7 @@ async def _postgresql(url: str) -> tuple[Any, Upsert]:
 async def _mysql(url: str) -> tuple[Any, Upsert]:
     import asyncmy
 
-    parsed = parse_url(url)
-    pool = await asyncmy.create_pool(
-        host=parsed.host,
-        port=parsed.port or 3306,
-        user=parsed.username,
-        password=parsed.password or "",
-        db=parsed.database,
-        autocommit=True,
-        minsize=TASKS,
-        maxsize=TASKS,
-    )
+    pool = await asyncmy.create_pool(**common.asyncmy_options(url), minsize=TASKS, maxsize=TASKS)
 
     async def upsert(conn: Any, key: int) -> None:
         async with conn.cursor() as cursor:

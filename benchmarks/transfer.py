@@ -71,7 +71,7 @@ from aiofragno.codec import utc_now
 from aiofragno.schema import new_external_id
 
 from . import _common as common
-from ._common import POOL_SIZE, SCHEMA, Backoff, Target, owner
+from ._common import POOL_SIZE, SCHEMA, Backoff, Target, asyncmy_options, owner
 
 WARMUP = 100
 
@@ -348,15 +348,9 @@ class RawAsyncmy(Raw):
         import asyncmy
         from asyncmy.constants import CLIENT
 
-        url = self.target.parsed
         self.pool = await asyncmy.create_pool(
-            host=url.host,
-            port=url.port or 3306,
-            user=url.username,
-            password=url.password or "",
-            db=url.database,
+            **asyncmy_options(self.target.url),
             charset="utf8mb4",
-            autocommit=True,
             client_flag=CLIENT.FOUND_ROWS,
             minsize=POOL_SIZE,
             maxsize=POOL_SIZE,

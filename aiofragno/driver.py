@@ -109,7 +109,8 @@ class DdlSpec:
     """What migrations need to know to write DDL for one dialect.
 
     ``types`` maps logical column types to SQL types (``varchar`` contains
-    ``{n}``). The ``*_sql`` templates are ``af.sql`` templates: ``columns_sql``
+    ``{n}``), plus ``json_document``: JSON that is only stored and handed back
+    whole (the outbox's), in the type that does the least work for that. The ``*_sql`` templates are ``af.sql`` templates: ``columns_sql``
     and ``indexes_sql`` take ``{schema}`` (None: the current one) and
     ``{table}`` and return rows with a ``name`` column; the lock templates take
     ``{key}``.

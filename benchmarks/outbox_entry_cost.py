@@ -72,17 +72,18 @@ def _entry(version: str | None) -> str:
     return ENTRY.format(stamp=swap, payload=swap)
 
 
-SHAPES = {
-    "no entry": UNIT,
-    "plain entry": UNIT + _entry(None),
-    "reserve + plain entry": UNIT + RESERVE + _entry(None),
-    "reserve + entry, version from session": UNIT + RESERVE + _entry(FROM_SESSION),
-    "reserve + entry, version from counter row": UNIT + RESERVE + _entry(FROM_ROW),
+# name -> (SQL, what its entry binds: None (no entry), "plain" or "swap")
+SHAPES: dict[str, tuple[str, str | None]] = {
+    "no entry": (UNIT, None),
+    "plain entry": (UNIT + _entry(None), "plain"),
+    "reserve + plain entry": (UNIT + RESERVE + _entry(None), "plain"),
+    "reserve + entry, version from session": (UNIT + RESERVE + _entry(FROM_SESSION), "swap"),
+    "reserve + entry, version from counter row": (UNIT + RESERVE + _entry(FROM_ROW), "swap"),
 }
 
 
 def _payload() -> str:
-    """A transfer unit's payload: 2 updates and a create, ~770 characters."""
+    """A transfer unit's payload: 2 updates and a create, ~700 characters."""
     mutation = {"op": "update", "schema": "shop", "namespace": "shop", "table": "accounts"}
     updates = [
         {**mutation, "external_id": os.urandom(8).hex(), "versionstamp": "0" * 24,
@@ -100,20 +101,21 @@ def _payload() -> str:
     return json.dumps({"version": 1, "mutations": [*updates, create]})
 
 
-def _parameters(shape: str, payload: str) -> tuple[Any, ...]:
+def _parameters(entry: str | None, payload: str) -> tuple[Any, ...]:
     transfer, uow_id, stand_in = os.urandom(8).hex(), os.urandom(12).hex(), os.urandom(10).hex()
-    if shape == "no entry":
+    if entry is None:
         return (transfer,)
-    if "plain" in shape:
+    if entry == "plain":
         return (transfer, stand_in + "0000", uow_id, payload)
     return (transfer, stand_in + "0000", stand_in, uow_id, payload, stand_in)
 
 
 async def _loop(cursor: Any, shape: str, units: int, payload: str) -> float:
     """Microseconds per transaction of ``units`` runs of ``shape``."""
+    statements, entry = SHAPES[shape]
     started = time.perf_counter()
     for _ in range(units):
-        await cursor.execute(SHAPES[shape] + "; COMMIT", _parameters(shape, payload))
+        await cursor.execute(statements + "; COMMIT", _parameters(entry, payload))
         while await cursor.nextset():
             pass
     return (time.perf_counter() - started) / units * 1e6

@@ -1,19 +1,22 @@
-"""Would reserving the outbox version inside the COMMIT message help? A
-PostgreSQL experiment on raw asyncpg, no aiofragno code in the measured path.
+"""How should a unit's outbox entry reach COMMIT on PostgreSQL? An
+experiment on raw asyncpg, no aiofragno code in the measured path.
 
 Every outbox writer holds the counter row's lock from its reservation until
-its COMMIT is durable. aiofragno's protocol on PostgreSQL (``reserve``) sends
-the reservation and the entry as one statement, waits for the reply, then
-sends COMMIT: the lock is held across a round trip and, when the client is
-busy, across the event loop's turnaround. The alternative measured here
-(``stamp``) inserts the entry with a stand-in versionstamp inside the write
+its COMMIT is durable. ``reserve`` (aiofragno's protocol before ``6defef4``,
+and still for a phase that does not combine into one statement) sends the
+reservation and the entry as one statement, waits for the reply, then sends
+COMMIT: the lock is held across a round trip and, when the client is busy,
+across the event loop's turnaround. ``stamp`` inserts the entry with a stand-in versionstamp inside the write
 statement and sends the reservation plus COMMIT as one simple-query message,
 so the lock is held only inside the server. asyncpg's simple-query call
 returns no rows, so a unit that must learn its versionstamp (aiofragno's
 ``uow.versionstamp``) needs one more round trip after COMMIT (``stamp``);
-``stamp-blind`` skips it, as an upper bound.
+``stamp-blind`` skips it, as an upper bound. ``alone`` is what aiofragno
+does since ``6defef4`` for a phase that combines: the write, the reservation
+and the entry as one statement outside any transaction, which commits on its
+own — one round trip, and the lock held only inside the server.
 
-Each unit: BEGIN, one checked account update, the protocol's outbox
+Each unit (but ``alone``): BEGIN, one account update, the protocol's outbox
 statements, COMMIT — at ``--tasks`` connections, with ``--client-us`` of CPU
 burned before every statement to stand in for the rest of a real unit's
 client work (which is what delays the COMMIT under load). Rounds interleave
@@ -97,6 +100,15 @@ STAMP_AND_COMMIT = (
     "SELECT 1 / count(*) FROM s; COMMIT"
 )
 LOOKUP = "SELECT versionstamp FROM bench_protocol_outbox WHERE uow_id = $1"
+# The write, the reservation and the entry as one statement outside a
+# transaction: it commits on its own, so the lock is held only in the server.
+ALONE = (
+    "WITH w AS (UPDATE bench_protocol_accounts SET balance = balance + 1 WHERE id = $5 "
+    f"RETURNING 1), reserved AS ({_RESERVE}), v AS (SELECT {_VERSION} AS h FROM reserved), "
+    "e AS (INSERT INTO bench_protocol_outbox (versionstamp, uow_id, payload, created_at) "
+    "SELECT REPLACE($1, $2, v.h), $3, CAST(REPLACE($4, $2, v.h) AS jsonb), now() FROM v "
+    "RETURNING versionstamp) SELECT (SELECT count(*) FROM w), (SELECT versionstamp FROM e)"
+)
 
 Unit = Callable[[Any, int, Callable[[], None]], Awaitable[None]]
 
@@ -148,11 +160,18 @@ async def stamp_blind(conn: Any, key: int, work: Callable[[], None]) -> None:
     await _stamp(conn, key, work, learn=False)
 
 
+async def alone(conn: Any, key: int, work: Callable[[], None]) -> None:
+    stand_in, uow_id, payload = _entry()
+    work()
+    await conn.fetchrow(ALONE, stand_in + "0000", stand_in, uow_id, payload, key)
+
+
 PROTOCOLS: dict[str, Unit] = {
     "no-outbox": no_outbox,
     "reserve": reserve,
     "stamp": stamp,
     "stamp-blind": stamp_blind,
+    "alone": alone,
 }
 
 

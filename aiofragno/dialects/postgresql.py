@@ -42,8 +42,6 @@ ADAPTER = DialectAdapter(
     supports_writable_cte=True,
     # (An array constructor keeps its subquery's ORDER BY order.)
     rows_array_sql="ARRAY(SELECT ROW({columns}) FROM {rest})",
-    # (The text is not an integer, and the error quotes it.)
-    abort_sql="CAST({message} AS integer)",
     storage=StorageProfile(text_rejects_nul=True, extreme_dates_are_infinity=True),
     ddl=DdlSpec(
         types={

@@ -543,22 +543,13 @@ async def test_loss_before_commit_reruns_the_unit_once(
     await audit(load, strict=True)
 
 
-def outbox_commit(bank: Bank, seq: int) -> bytes:
-    """What the message that commits unit ``seq``'s mutation phase carries
-    with the outbox on: the unit's id, bound only in its outbox entry, which
-    goes out with the COMMIT (MySQL) or in the one statement that writes the
-    phase and commits on its own (PostgreSQL; its text goes out earlier, to
-    be prepared)."""
-    return bank.key(seq).encode()
-
-
 async def test_commit_never_reached_server_with_outbox(server: Server, bank: Bank) -> None:
     """The COMMIT itself is lost on the way (the server rolls back). The
     client cannot know that; with the outbox, the executor finds no entry for
     the unit and re-runs it: applied exactly once."""
     async with server.proxied(pool_size=2, outbox=True) as (proxy, db):
         load = Load(bank, db)
-        proxy.drop_after(outbox_commit(bank, 0), forward=False)
+        proxy.drop_after(b"COMMIT", forward=False)
         with anyio.fail_after(TEST_LIMIT):
             await load.run(0)
         assert proxy.drops == 1, "the fault was not injected"
@@ -591,7 +582,7 @@ async def test_commit_reply_lost_with_outbox(server: Server, bank: Bank) -> None
     the unit again. Applied exactly once."""
     async with server.proxied(pool_size=2, outbox=True) as (proxy, db):
         load = Load(bank, db)
-        proxy.drop_after(outbox_commit(bank, 0), forward=True)
+        proxy.drop_after(b"COMMIT", forward=True)
         with anyio.fail_after(TEST_LIMIT):
             outcome = await load.run(0)
         assert proxy.drops == 1, "the fault was not injected"
@@ -611,7 +602,7 @@ async def test_commit_in_flight_when_connection_lost_with_outbox(
         load = Load(bank, db)
         with anyio.fail_after(TEST_LIMIT):
             for seq in range(5):
-                proxy.drop_after(outbox_commit(bank, seq), forward=True, wait_reply=False)
+                proxy.drop_after(b"COMMIT", forward=True, wait_reply=False)
                 assert isinstance(await load.run(seq), af.RowId), load.outcomes[seq]
         assert proxy.drops == 5, "the fault was not injected"
     await audit(load, strict=True)
@@ -658,7 +649,7 @@ async def test_commit_reply_lost_then_lookup_commit_lost_with_outbox(
         # (on MySQL, opening one sends a COMMIT too, which would take the drop).
         await open_connections(db, 2)
         assert proxy.connections == 2
-        proxy.drop_after(outbox_commit(bank, 0), forward=True, then=[b"COMMIT"])
+        proxy.drop_after(b"COMMIT", forward=True, count=2)
         with anyio.fail_after(TEST_LIMIT):
             outcome = await load.run(0)
         assert proxy.drops == 2, "the faults were not injected"

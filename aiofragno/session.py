@@ -126,6 +126,8 @@ class Session:
                     sqlstate=error.sqlstate,
                     code=error.code,
                 )
+            if error is exc:
+                raise
             raise error from exc
         except BaseException:
             self.interrupted = True

@@ -544,6 +544,53 @@ async def test_rolled_back_reservation_leaves_no_gap(shop: Env, cleanup: Cleanup
     assert await db.outbox.find(key) is None
 
 
+@pytest.mark.parametrize("fault", ["stale-update", "stale-check", "missing-reference"])
+async def test_a_failing_operation_undoes_the_phase_and_its_reservation(
+    shop: Env, fault: str
+) -> None:
+    """A phase that fails at one operation — a stale checked update between
+    two writes, a stale check after them, a reference to no row — applies
+    none of its writes and leaves no entry and no reserved version; a stale
+    operation is named in the conflict (on PostgreSQL the phase is one
+    statement; after an error, it is run again one statement at a time to
+    tell which operation failed)."""
+    db = shop.db
+    await shop.create("accounts", *({"owner": o, "balance": 100} for o in ("a", "b", "c")))
+    rows = {r["owner"]: r["id"] for r in await shop.find("accounts")}
+    stale = {"stale-update": "b", "stale-check": "c"}.get(fault)
+
+    async def move_on(uow: af.UnitOfWork) -> None:
+        uow.update("accounts", rows[stale], {"note": "moved on"})
+
+    if stale is not None:
+        await shop.run(move_on)
+    before = await db.outbox.latest()
+    books = sorted((r["owner"], r["balance"], r["note"]) for r in await shop.find("accounts"))
+
+    async def unit(uow: af.UnitOfWork) -> None:
+        uow.update("accounts", rows["a"], {"balance": 90}, check=True)
+        uow.update("accounts", rows["b"], {"balance": 110}, check=True)
+        uow.check("accounts", rows["c"])
+        src = "no-such-account" if fault == "missing-reference" else rows["a"]
+        uow.create("transfers", {"src": src, "dst": rows["b"], "amount": 10})
+
+    expected = af.IntegrityError if fault == "missing-reference" else af.ConcurrencyConflict
+    with pytest.raises(expected) as failure:
+        await shop.run(unit, retry=af.NoRetry())
+    if stale is not None:
+        op = "update" if stale == "b" else "check"
+        assert f"{op} on accounts {str(rows[stale])!r}" in str(failure.value)
+    after = sorted((r["owner"], r["balance"], r["note"]) for r in await shop.find("accounts"))
+    assert after == books
+    assert await shop.find("transfers") == []
+    assert await db.outbox.latest() == before
+
+    await shop.run(lambda uow: _create_one(uow, "next"))
+    latest = await db.outbox.latest()
+    assert latest is not None and before is not None
+    assert version_of(latest) == version_of(before) + 1
+
+
 # -- what gets an entry -------------------------------------------------------
 
 

@@ -5,9 +5,10 @@ Every outbox writer holds the counter row's lock from its reservation until
 its COMMIT is durable. ``reserve`` (aiofragno's protocol) sends the
 reservation and the entry as one statement, waits for the reply, then sends
 COMMIT: the lock is held across a round trip and, when the client is busy,
-across the event loop's turnaround. ``stamp`` inserts the entry with a stand-in versionstamp inside the write
-statement and sends the reservation plus COMMIT as one simple-query message,
-so the lock is held only inside the server. asyncpg's simple-query call
+across the event loop's turnaround. ``stamp`` inserts the entry with a
+stand-in versionstamp inside the write statement and sends the reservation
+plus COMMIT as one simple-query message, so the lock is held only inside the
+server. asyncpg's simple-query call
 returns no rows, so a unit that must learn its versionstamp (aiofragno's
 ``uow.versionstamp``) needs one more round trip after COMMIT (``stamp``);
 ``stamp-blind`` skips it, as an upper bound. ``alone`` sends the write, the

@@ -26,6 +26,7 @@ from .errors import (
     QueryCanceled,
     ValidationError,
 )
+from .lost_session import end_session
 from .migrate import Ddl, MigrationResult
 from .migrate import migrate as run_migration
 from .naming import Layout, resolve_naming
@@ -223,6 +224,20 @@ class Database(Queries):
         """The database server's current time, timezone-aware in UTC."""
         value = await self.fetch_value(self.raw(self.adapter.now_sql))
         return as_utc(value)
+
+    async def end_session(self, server_session: str | None, *, give_up_after: float = 30.0) -> None:
+        """End the server session behind a broken connection and return once it
+        has gone — after a :class:`~aiofragno.CommitOutcomeUnknown`, pass its
+        ``server_session``. Until then the server may still commit what was in
+        flight; after, what the database holds is final, so check it then.
+        Raises :class:`~aiofragno.SessionStillRunning` when the session still
+        runs ``give_up_after`` seconds after it was asked to end (e.g. it belongs to a role this one may
+        not end). Ending a session is allowed to its own role (PostgreSQL
+        ``pg_terminate_backend``, MySQL ``KILL``); on SQLite this returns at once."""
+        await retry_read(
+            self.options.reconnect_deadline,
+            lambda: end_session(self, server_session, give_up_after),
+        )
 
     async def is_healthy(self) -> bool:
         """True if a connection answers a round trip within ``connect_timeout``.

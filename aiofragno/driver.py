@@ -168,6 +168,14 @@ class DialectAdapter:
     rows_array_sql: str | None
     storage: StorageProfile
     ddl: DdlSpec
+    # Ending a server session whose connection broke (see
+    # :attr:`Connection.server_session`). ``session_process_sql`` takes
+    # ``{session}`` and returns one row, column ``process``, while that
+    # session still runs on the server (no row once it has ended);
+    # ``end_process_sql`` asks the server to end process ``{process}``.
+    # None: a broken connection leaves nothing running (an embedded database).
+    session_process_sql: str | None = None
+    end_process_sql: str | None = None
 
 
 StopWhen = Callable[[int, QueryResult], bool]
@@ -190,6 +198,15 @@ class Connection(Protocol):
     @property
     def is_closed(self) -> bool:
         """True once the connection is known to be unusable (no I/O is done)."""
+        ...
+
+    @property
+    def server_session(self) -> str | None:
+        """This connection's server session, named so that the dialect's
+        ``session_process_sql`` finds it from another connection for as long
+        as it runs on the server — and never finds a later one (a server
+        process id alone can be reused). None where the database has no
+        server session (SQLite)."""
         ...
 
     async def execute_query(self, query: CompiledQuery) -> QueryResult:

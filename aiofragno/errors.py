@@ -128,7 +128,29 @@ class ConnectionLost(DatabaseError):
 class CommitOutcomeUnknown(ConnectionLost):
     """The connection broke while COMMIT was in flight: the transaction may or
     may not have been applied. aiofragno never re-applies it silently; check the
-    data (or enable the outbox, which lets ``execute_uow`` resolve this)."""
+    data (or enable the outbox, which lets ``execute_uow`` resolve this).
+
+    The server may not even have read the COMMIT yet, so look only after the
+    lost session has ended: ``server_session`` names it (see
+    :attr:`aiofragno.driver.Connection.server_session`), and
+    ``await db.end_session(exc.server_session)`` ends it and waits until it is
+    gone."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sqlstate: str | None = None,
+        code: str | None = None,
+        server_session: str | None = None,
+    ) -> None:
+        super().__init__(message, sqlstate=sqlstate, code=code)
+        self.server_session = server_session
+
+
+class SessionStillRunning(DatabaseError):
+    """A server session that was asked to end still runs (see
+    ``Database.end_session``): what its transaction does is not final yet."""
 
 
 class DatabaseUnavailable(DatabaseError):

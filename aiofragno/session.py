@@ -125,6 +125,7 @@ class Session:
                     f"or may not have been applied; check before re-running it ({error})",
                     sqlstate=error.sqlstate,
                     code=error.code,
+                    server_session=self.connection.server_session,
                 )
             if error is exc:
                 raise

@@ -16,6 +16,8 @@ thread — that is fine, they only share TCP.
         proxy.refuse(True)                    # new connections are refused (ECONNREFUSED)
         proxy.delay_close(1.0)                # pass the server's FIN on a second late
         proxy.drop_after(b"COMMIT", forward=True)   # lose the reply to the next COMMIT
+        proxy.hold_after(b"COMMIT")           # the server reads the next COMMIT late...
+        await proxy.release_held()            # ...now, after the client gave up on it
 
 ``drop_after(marker, forward)`` arms the proxy once: the next client->server
 chunk that contains ``marker`` is forwarded to the server (``forward=True``;
@@ -24,6 +26,12 @@ connection: "lost during COMMIT", the server did commit) or not forwarded
 (``forward=False``: "lost before the statement reached the server"), and the
 connection is closed on both sides. ``await proxy.dropped.wait()`` waits until
 that happened; ``proxy.drops`` counts how often.
+
+``hold_after(marker)`` arms the proxy once as well: the next client->server
+chunk containing ``marker`` is kept back and the client's side is closed at
+once, while the server's side stays open and idle — the server has not read
+the chunk yet. ``release_held()`` delivers it late, waits for the server's
+answer (or its close) and closes the connection.
 """
 
 from __future__ import annotations
@@ -58,6 +66,8 @@ class _Link:
     swallow: bool = False
     reply: anyio.Event = field(default_factory=anyio.Event)
     reset: bool = False
+    # A chunk kept back (hold_after): the server side outlives the link.
+    held: bytes | None = None
 
     def cut(self, *, reset: bool = False) -> None:
         self.reset = self.reset or reset
@@ -88,6 +98,8 @@ class Proxy:
         self._listening = anyio.Event()
         self._accept_scope: anyio.CancelScope | None = None
         self._drop: tuple[bytes, bool, bool, int] | None = None
+        self._hold: bytes | None = None
+        self._held: list[tuple[anyio.abc.SocketStream, bytes]] = []
         self._link_closed = anyio.Event()  # set (and replaced) whenever a link ends
         self._close_delay = 0.0
 
@@ -171,8 +183,38 @@ class Proxy:
         if self.dropped.is_set():
             self.dropped = anyio.Event()
 
+    def hold_after(self, marker: bytes) -> None:
+        """Keep back the next client->server chunk containing ``marker`` and
+        close the client's side (see the module docstring)."""
+        self._hold = marker
+
+    @property
+    def held(self) -> int:
+        """Chunks kept back by :meth:`hold_after`, not yet released."""
+        return len(self._held)
+
+    async def release_held(self) -> list[bytes]:
+        """Deliver every kept-back chunk to the server, wait (up to
+        ``REPLY_WAIT``) for its answer or its close, and close those
+        connections. Returns what the server answered to each ("" where it
+        had already closed the connection)."""
+        held, self._held = self._held, []
+        answers = []
+        for server, chunk in held:
+            answer = b""
+            with suppress(
+                anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError
+            ):
+                await server.send(chunk)
+                with anyio.move_on_after(REPLY_WAIT):
+                    answer = await server.receive(_CHUNK)
+            await anyio.aclose_forcefully(server)
+            answers.append(answer)
+        return answers
+
     def disarm(self) -> None:
         self._drop = None
+        self._hold = None
 
     @property
     def armed(self) -> bool:
@@ -231,7 +273,9 @@ class Proxy:
             if link.reset:
                 _linger_zero(client)
             await anyio.aclose_forcefully(client)
-            if link.server is not None:
+            if link.server is not None and link.held is not None:
+                self._held.append((link.server, link.held))
+            elif link.server is not None:
                 await anyio.aclose_forcefully(link.server)
             self._links.discard(link)
             self._link_closed.set()
@@ -258,6 +302,10 @@ class Proxy:
                 if not upstream and link.swallow:
                     link.reply.set()  # the server answered: drop the answer
                     continue
+                if upstream and self._hold is not None and self._hold in chunk:
+                    self._hold = None
+                    link.held = chunk
+                    return
                 if upstream and self._drop is not None:
                     marker, forward, wait_reply, count = self._drop
                     seen = tail + chunk
@@ -307,13 +355,19 @@ async def tcp_proxy(target_host: str, target_port: int) -> AsyncIterator[Proxy]:
     listener: anyio.abc.SocketListener = multi.listeners[0]  # type: ignore[assignment]
     port = listener.extra(SocketAttribute.local_port)
     proxy = Proxy("127.0.0.1", port, target_host, target_port)
-    async with anyio.create_task_group() as tg:
-        proxy._tg = tg
-        tg.start_soon(proxy._listen, listener)
-        try:
-            yield proxy
-        finally:
-            tg.cancel_scope.cancel()
+    try:
+        async with anyio.create_task_group() as tg:
+            proxy._tg = tg
+            tg.start_soon(proxy._listen, listener)
+            try:
+                yield proxy
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        # (Outside the task group, whose cancellation would swallow the
+        # exception on its way out.)
+        for server, _ in proxy._held:
+            await anyio.aclose_forcefully(server)
 
 
 async def terminate_postgres_backend(url: str, pid: int) -> None:

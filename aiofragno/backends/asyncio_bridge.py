@@ -310,6 +310,10 @@ class BridgedConnection:
     def is_closed(self) -> bool:
         return self._closed or self.raw.is_closed
 
+    @property
+    def server_session(self) -> str | None:
+        return self.raw.server_session
+
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
         if self._begin is None:
             return await self._bridge.run(partial(self.raw.execute_query, query))

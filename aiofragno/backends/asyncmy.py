@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from itertools import chain
@@ -31,6 +32,7 @@ from ..driver import (
 )
 from ..errors import (
     ConnectionLost,
+    DatabaseError,
     DatabaseUnavailable,
     DataError,
     ErrorTable,
@@ -145,11 +147,12 @@ class AsyncmyConnection:
     CLIENT_MULTI_STATEMENTS and binds values client-side), so a batch costs one
     round trip, and a deferred ``begin`` rides along with the next one."""
 
-    __slots__ = ("_begin", "_kill", "_raw")
+    __slots__ = ("_begin", "_kill", "_raw", "server_session")
 
-    def __init__(self, raw: Any, kill: Killer) -> None:
+    def __init__(self, raw: Any, kill: Killer, server_session: str) -> None:
         self._raw = raw
         self._kill = kill
+        self.server_session = server_session
         self._begin: list[str] = []  # statements to send ahead of the next batch
 
     @property
@@ -237,9 +240,20 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
 
     async def connect() -> AsyncmyConnection:
         # asyncmy's connect_timeout covers the TCP connect only, not the handshake.
+        session = f"aiofragno-session-{os.urandom(12).hex()}"
         async with asyncio.timeout(options.connect_timeout):
             raw = await _open(url, options)
-        return AsyncmyConnection(raw, kill)
+            try:
+                async with raw.cursor() as cursor:
+                    await cursor.execute(mysql.SESSION_LOCK_SQL, (session,))
+                    (taken,) = await cursor.fetchone()
+            except BaseException:
+                raw.close()
+                raise
+        if taken != 1:
+            raw.close()
+            raise DatabaseError(f"could not take the session lock {session!r} (GET_LOCK: {taken})")
+        return AsyncmyConnection(raw, kill, session)
 
     return PooledDialect(
         name="mysql",

@@ -65,11 +65,12 @@ def _rows_affected(status: bytes, returned: int) -> int:
 
 
 class AsyncpgConnection:
-    __slots__ = ("_raw", "_timeout")
+    __slots__ = ("_raw", "_timeout", "server_session")
 
-    def __init__(self, raw: asyncpg.Connection, timeout: float | None) -> None:
+    def __init__(self, raw: asyncpg.Connection, timeout: float | None, server_session: str) -> None:
         self._raw = raw
         self._timeout = timeout
+        self.server_session = server_session
 
     @property
     def is_closed(self) -> bool:
@@ -141,7 +142,12 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
             timeout=options.connect_timeout,
             server_settings=settings,
         )
-        return AsyncpgConnection(raw, options.command_timeout)
+        try:
+            session = await raw.fetchval(postgresql.SESSION_SQL, timeout=options.connect_timeout)
+        except BaseException:
+            raw.terminate()
+            raise
+        return AsyncpgConnection(raw, options.command_timeout, session)
 
     return PooledDialect(
         name="postgresql",

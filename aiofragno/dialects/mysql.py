@@ -23,6 +23,8 @@ from ..errors import (
 from ..sql import Json, SqlCompiler
 from .common import isolation_sql, json_param, utc_naive
 
+SESSION_LOCK_SQL = "SELECT GET_LOCK(%s, 0)"
+
 ADAPTER = DialectAdapter(
     supports_returning=False,
     supports_json=True,
@@ -41,6 +43,12 @@ ADAPTER = DialectAdapter(
     supports_writable_cte=False,
     rows_array_sql=None,  # (the driver sends a batch in one round trip)
     storage=StorageProfile(timestamp="utc-naive", string_max_chars=255, decimal_digits=(35, 30)),
+    # A session is named by a user-level lock it takes at connect
+    # (SESSION_LOCK_SQL) and holds until it ends: connection ids are reused
+    # after a server restart.
+    session_process_sql="SELECT process FROM (SELECT IS_USED_LOCK({session}) AS process) AS s "
+    "WHERE process IS NOT NULL",
+    end_process_sql="KILL CONNECTION {process}",
     ddl=DdlSpec(
         types={
             # varchar(255) so that string columns can be indexed (3 per key).

@@ -24,6 +24,11 @@ from ..errors import (
 from ..sql import Json, SqlCompiler
 from .common import isolation_sql, json_param
 
+# A server session: its backend's process id and start time (a process id
+# alone is reused once the process has exited).
+SESSION = "CAST(pid AS text) || '@' || CAST(backend_start AS text)"
+SESSION_SQL = f"SELECT {SESSION} FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+
 ADAPTER = DialectAdapter(
     supports_returning=True,
     supports_json=True,
@@ -43,6 +48,8 @@ ADAPTER = DialectAdapter(
     # (An array constructor keeps its subquery's ORDER BY order.)
     rows_array_sql="ARRAY(SELECT ROW({columns}) FROM {rest})",
     storage=StorageProfile(text_rejects_nul=True, extreme_dates_are_infinity=True),
+    session_process_sql=f"SELECT pid AS process FROM pg_stat_activity WHERE {SESSION} = {{session}}",
+    end_process_sql="SELECT pg_terminate_backend({process})",
     ddl=DdlSpec(
         types={
             "string": "text",

@@ -261,6 +261,9 @@ class SqliteConnection(ABC):
         self._begin_pending = False
         self._closed = False
 
+    # In-process: a connection that breaks leaves nothing running elsewhere.
+    server_session = None
+
     @property
     def is_closed(self) -> bool:
         if self._closed:

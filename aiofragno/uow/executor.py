@@ -18,9 +18,11 @@ from ..errors import (
     DataError,
     IntegrityError,
     ProgrammingError,
+    SessionStillRunning,
     TransactionConflict,
     ValidationError,
 )
+from ..lost_session import end_session
 from ..migrate import SETTINGS_TABLE
 from ..outbox.tables import VERSION_KEY
 from ..outbox.versionstamp import MAX_INDEX
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 Hook = Callable[[UnitOfWork], Any]
 DEFAULT_RETRY = ExponentialBackoff()
+# How long a lost session may take to end once asked to.
+END_SESSION_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +106,12 @@ class HeldConnection:
         return await retry_read(self.db.options.reconnect_deadline, read_all)
 
 
-async def committed(db: Database, uow: UnitOfWork) -> bool:
+async def committed(db: Database, uow: UnitOfWork, lost: CommitOutcomeUnknown) -> bool:
     """Whether ``uow``'s mutation phase committed, after its connection broke
-    during COMMIT: its outbox entry exists. The counter row is locked first, so
-    a commit still in flight on the server finishes (or aborts) before we look."""
+    during COMMIT (``lost``): its outbox entry exists. The lost server session
+    is ended first (:mod:`aiofragno.lost_session`), so nothing can commit the
+    phase after we looked; the counter row is locked as well, so a commit
+    that finished just now is visible."""
     counter = sql(
         "SELECT {v} FROM {t} WHERE {k} = {key}" + db.adapter.row_share_lock,
         v=Identifier("value"),
@@ -115,6 +121,14 @@ async def committed(db: Database, uow: UnitOfWork) -> bool:
     )
 
     async def look() -> bool:
+        try:
+            await end_session(db, lost.server_session, END_SESSION_TIMEOUT)
+        except SessionStillRunning as exc:
+            raise CommitOutcomeUnknown(
+                f"{lost}; and the lost session could not be ended, so whether unit of work "
+                f"{uow.uow_id} committed cannot be told yet ({exc})",
+                server_session=lost.server_session,
+            ) from exc
         try:
             async with db.transaction() as tx:
                 await tx.fetch(counter)
@@ -261,14 +275,14 @@ async def execute_uow(
                     ) from conflict
                 await runtime.sleep(delay)
                 continue
-            except CommitOutcomeUnknown:
+            except CommitOutcomeUnknown as lost_commit:
                 # Without writes the commit changed nothing; with the outbox on, the
                 # unit's entry tells whether it committed. Otherwise we cannot know,
                 # and re-running could apply the writes twice.
                 has_writes = any(not isinstance(op, Check) for op in uow.mutations)
                 if has_writes and not db.options.outbox:
                     raise
-                if has_writes and not await committed(db, uow):
+                if has_writes and not await committed(db, uow, lost_commit):
                     if not await lost.wait():
                         raise
                     db.stats.lost_connection_retries += 1

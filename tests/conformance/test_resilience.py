@@ -661,6 +661,60 @@ async def test_commit_reply_lost_then_lookup_commit_lost_with_outbox(
     await audit(load, strict=True)
 
 
+async def test_commit_read_late_by_the_server_with_outbox(server: Server, bank: Bank) -> None:
+    """The network keeps the unit's COMMIT back (on MySQL with the outbox
+    reservation and entry it travels with) and closes the client's side, while
+    the server session lives on without having read it. The executor must end
+    that session before it looks for the unit's entry: else it finds none and
+    re-runs the unit, and the late COMMIT applies it a second time (or, where
+    the session already holds the outbox counter row, the look-up waits on it
+    forever). Delivered afterwards, the COMMIT finds its session gone: the
+    unit is applied exactly once."""
+    async with server.proxied(pool_size=2, outbox=True) as (proxy, db):
+        load = Load(bank, db)
+        # Open connections first: on MySQL, opening one sends a COMMIT too.
+        await open_connections(db, 2)
+        proxy.hold_after(b"COMMIT")
+        with anyio.fail_after(TEST_LIMIT):
+            outcome = await load.run(0)
+            assert proxy.held == 1, "the fault was not injected"
+            await proxy.release_held()
+        assert load.calls[0] == 2
+        assert db.stats.lost_connection_retries == 1
+    assert isinstance(outcome, af.RowId), outcome
+    await audit(load, strict=True)
+
+
+async def test_end_session_after_a_lost_user_commit(server: Server, bank: Bank) -> None:
+    """``db.transaction()`` whose COMMIT the network keeps back:
+    CommitOutcomeUnknown names the lost server session, and
+    ``db.end_session`` ends it — after that, the late COMMIT changes nothing
+    and what the database holds is final (here: nothing of the transaction)."""
+    t = bank.ident("transfers")
+    insert = (
+        "INSERT INTO {t} (id, src, dst, amount, seq, _version) VALUES ({id}, {a}, {a}, 1, {s}, 0)"
+    )
+    account = await bank.admin.fetch_value(
+        af.sql("SELECT MIN(_id) FROM {a}", a=bank.ident("accounts"))
+    )
+    async with server.proxied(pool_size=2) as (proxy, db):
+        await open_connections(db, 2)
+        proxy.hold_after(b"COMMIT")
+        with anyio.fail_after(TEST_LIMIT):
+            with pytest.raises(af.CommitOutcomeUnknown) as caught:
+                async with db.transaction() as tx:
+                    await tx.execute(af.sql(insert, t=t, id="tx-a", a=account, s=900))
+            assert proxy.held == 1, "the fault was not injected"
+            lost = caught.value.server_session
+            assert lost is not None
+            await db.end_session(lost)
+            await proxy.release_held()
+        assert await bank.seqs() == Counter()
+        # Ending a session that is already gone returns at once.
+        with anyio.fail_after(1):
+            await db.end_session(lost)
+
+
 # -- user transactions -----------------------------------------------------------
 
 

@@ -166,6 +166,12 @@ class DialectAdapter:
     # {rest}: the read after "SELECT <columns> FROM "). None: reads go as a
     # batch.
     rows_array_sql: str | None
+    # An expression that fails the statement it is in, with {message} (an SQL
+    # text expression, evaluated only when the failure is reached) in the
+    # error's message. With a writable WITH, this lets the outbox's mutation
+    # phase be one statement committing on its own: a stale checked write
+    # aborts it. None: the phase runs in an explicit transaction.
+    abort_sql: str | None
     storage: StorageProfile
     ddl: DdlSpec
     # Ending a server session whose connection broke (see

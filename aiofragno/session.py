@@ -118,15 +118,7 @@ class Session:
             else:
                 await self.driver.commit_transaction(self.connection)
         except Exception as exc:
-            error = self.fail(exc)
-            if isinstance(error, ConnectionLost) and was_open:
-                error = CommitOutcomeUnknown(
-                    f"the connection broke while COMMIT was in flight, so the transaction may "
-                    f"or may not have been applied; check before re-running it ({error})",
-                    sqlstate=error.sqlstate,
-                    code=error.code,
-                    server_session=self.connection.server_session,
-                )
+            error = self._commit_failed(exc, was_open)
             if error is exc:
                 raise
             raise error from exc
@@ -135,6 +127,35 @@ class Session:
             raise
         self.in_transaction = False
         return results
+
+    async def execute_committing(self, query: CompiledQuery) -> QueryResult:
+        """``query``, outside any transaction: it commits on its own, so a
+        lost connection raises :class:`CommitOutcomeUnknown` as in :meth:`commit`."""
+        if logger.isEnabledFor(logging.DEBUG):
+            _log(query)
+        was_open = not self.connection.is_closed
+        try:
+            return await self.connection.execute_query(query)
+        except Exception as exc:
+            error = self._commit_failed(exc, was_open)
+            if error is exc:
+                raise
+            raise error from exc
+        except BaseException:
+            self.interrupted = True
+            raise
+
+    def _commit_failed(self, exc: Exception, was_open: bool) -> Exception:
+        error = self.fail(exc)
+        if isinstance(error, ConnectionLost) and was_open:
+            return CommitOutcomeUnknown(
+                f"the connection broke while COMMIT was in flight, so the transaction may "
+                f"or may not have been applied; check before re-running it ({error})",
+                sqlstate=error.sqlstate,
+                code=error.code,
+                server_session=self.connection.server_session,
+            )
+        return error
 
     async def _call(self, operation: Awaitable[T]) -> T:
         try:

@@ -2,7 +2,8 @@
 experiment on raw asyncpg, no aiofragno code in the measured path.
 
 Every outbox writer holds the counter row's lock from its reservation until
-its COMMIT is durable. ``reserve`` (aiofragno's protocol) sends the
+its COMMIT is durable. ``reserve`` (aiofragno's protocol for a phase
+that does not combine into one statement) sends the
 reservation and the entry as one statement, waits for the reply, then sends
 COMMIT: the lock is held across a round trip and, when the client is busy,
 across the event loop's turnaround. ``stamp`` inserts the entry with a
@@ -11,19 +12,12 @@ plus COMMIT as one simple-query message, so the lock is held only inside the
 server. asyncpg's simple-query call
 returns no rows, so a unit that must learn its versionstamp (aiofragno's
 ``uow.versionstamp``) needs one more round trip after COMMIT (``stamp``);
-``stamp-blind`` skips it, as an upper bound. ``alone`` sends the write, the
-reservation and the entry as one statement outside any transaction, which
-commits on its own: one round trip, and the lock held only inside the server.
-
-aiofragno does not use ``alone`` (it did for one commit, 5730426, reverted):
-when the connection is lost while that statement is in flight, the executor
-resolves the outcome by locking the counter row and looking for the unit's
-entry — which is only sound if the lost session already holds that lock.
-Under ``reserve`` it does (the reservation's reply came back before COMMIT
-was sent); under ``alone`` the statement may still be waiting for a row
-lock, or not have started, when the look-up finds no entry, and then commit
-after the executor re-ran the unit. ``alone`` needs a look-up that first
-makes sure the lost session has ended.
+``stamp-blind`` skips it, as an upper bound. ``alone`` is what aiofragno
+does for a phase that combines: the write, the reservation and the entry as
+one statement outside any transaction, which commits on its own — one round
+trip, and the lock held only inside the server. (Sound because a lost
+connection's server session is ended before the executor looks for the
+unit's entry: :mod:`aiofragno.lost_session`.)
 
 Each unit (but ``alone``): BEGIN, one account update, the protocol's outbox
 statements, COMMIT — at ``--tasks`` connections, with ``--client-us`` of CPU

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 
@@ -97,7 +97,8 @@ class Proxy:
         self._accepting.set()
         self._listening = anyio.Event()
         self._accept_scope: anyio.CancelScope | None = None
-        self._drop: tuple[bytes, bool, bool, int] | None = None
+        # (markers still to drop at, first the next one; forward; wait_reply)
+        self._drop: tuple[tuple[bytes, ...], bool, bool] | None = None
         self._hold: bytes | None = None
         self._held: list[tuple[anyio.abc.SocketStream, bytes]] = []
         self._link_closed = anyio.Event()  # set (and replaced) whenever a link ends
@@ -168,18 +169,16 @@ class Proxy:
         await self._listening.wait()
 
     def drop_after(
-        self, marker: bytes, forward: bool, *, wait_reply: bool = True, count: int = 1
+        self, marker: bytes, forward: bool, *, wait_reply: bool = True, then: Sequence[bytes] = ()
     ) -> None:
         """Arm a one-shot drop of the next client->server chunk containing
-        ``marker`` (see the module docstring); with ``count``, of the next
-        ``count`` such chunks (each on whichever connection carries it). With
-        ``forward`` and ``wait_reply=False`` the connection is closed right
-        after the chunk is sent on, without waiting for the server to answer
-        (the statement may still be running on the server when the client
-        sees the loss)."""
-        if count < 1:
-            raise ValueError("count must be at least 1")
-        self._drop = (marker, forward, wait_reply, count)
+        ``marker`` (see the module docstring); with ``then``, after it, of the
+        next chunk containing each of those in turn (each on whichever
+        connection carries it). With ``forward`` and ``wait_reply=False`` the
+        connection is closed right after the chunk is sent on, without waiting
+        for the server to answer (the statement may still be running on the
+        server when the client sees the loss)."""
+        self._drop = ((marker, *then), forward, wait_reply)
         if self.dropped.is_set():
             self.dropped = anyio.Event()
 
@@ -307,11 +306,11 @@ class Proxy:
                     link.held = chunk
                     return
                 if upstream and self._drop is not None:
-                    marker, forward, wait_reply, count = self._drop
+                    (marker, *rest), forward, wait_reply = self._drop
                     seen = tail + chunk
                     tail = seen[-(len(marker) - 1) :] if len(marker) > 1 else b""
                     if marker in seen:
-                        self._drop = (marker, forward, wait_reply, count - 1) if count > 1 else None
+                        self._drop = (tuple(rest), forward, wait_reply) if rest else None
                         await self._drop_link(link, sink, chunk, forward, wait_reply)
                         return
                 try:

@@ -42,6 +42,7 @@ ADAPTER = DialectAdapter(
     json_from_text_sql="{x}",
     supports_writable_cte=False,
     rows_array_sql=None,  # (the driver sends a batch in one round trip)
+    abort_sql=None,
     storage=StorageProfile(timestamp="utc-naive", string_max_chars=255, decimal_digits=(35, 30)),
     # A session is named by a user-level lock it takes at connect
     # (SESSION_LOCK_SQL) and holds until it ends: connection ids are reused

@@ -47,6 +47,8 @@ ADAPTER = DialectAdapter(
     supports_writable_cte=True,
     # (An array constructor keeps its subquery's ORDER BY order.)
     rows_array_sql="ARRAY(SELECT ROW({columns}) FROM {rest})",
+    # (The text is not an integer, and the error quotes it.)
+    abort_sql="CAST({message} AS integer)",
     storage=StorageProfile(text_rejects_nul=True, extreme_dates_are_infinity=True),
     session_process_sql=f"SELECT pid AS process FROM pg_stat_activity WHERE {SESSION} = {{session}}",
     end_process_sql="SELECT pg_terminate_backend({process})",

@@ -76,6 +76,7 @@ _BASE = DialectAdapter(
     json_from_text_sql="{x}",
     supports_writable_cte=False,
     rows_array_sql=None,  # (the driver sends a batch in one round trip)
+    abort_sql=None,
     storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),
     ddl=DdlSpec(
         types={

@@ -53,6 +53,8 @@ _INSERT = (
     "{uow_id}, {payload_json}, {refs}, {created})"
 )
 _PARAMETERS = ("stamp", "stand_in", "uow_id", "payload", "refs", "created")
+# The WITH part holding the entry, in a statement that also carries the writes.
+_ENTRY = "af_outbox_entry"
 
 
 class _Prepared:
@@ -100,9 +102,28 @@ class OutboxStatements:
         }
         self.entry = [_Prepared(compiler, template, **names) for template in _templates(adapter)]
         self._stamp_returned = adapter.supports_returning
+        # The same as parts of a WITH, for a statement that also carries the
+        # unit's writes; the expression selecting the entry's versionstamp.
+        self.parts: _Prepared | None = None
+        self.stamp = ""
+        if adapter.supports_writable_cte:
+            reserve, insert = _parts(adapter)
+            cte = f"reserved AS ({reserve}), {_ENTRY} AS ({insert} RETURNING {{vs}})"
+            self.parts = _Prepared(compiler, cte, **names)
+            stamp = sql(f"(SELECT {{vs}} FROM {_ENTRY})", vs=names["vs"])
+            self.stamp = compiler.compile(stamp).sql
 
     def queries(self, values: dict[str, Any]) -> list[CompiledQuery]:
+        """The entry's statements, for the values of :func:`entry_values`."""
         return [statement.bind(values) for statement in self.entry]
+
+    def with_parts(self, values: dict[str, Any]) -> CompiledQuery:
+        """The entry as parts of a WITH (where :attr:`parts` is not None):
+        ``reserved`` and the entry's insert, which :attr:`stamp` selects the
+        versionstamp from."""
+        if self.parts is None:
+            raise RuntimeError("this database cannot write the outbox entry inside a WITH")
+        return self.parts.bind(values)
 
     def versionstamp(self, results: Sequence[QueryResult]) -> str:
         """The entry's versionstamp, from the results of :meth:`queries`."""
@@ -117,15 +138,22 @@ class OutboxStatements:
         return f"{version:020x}0000"
 
 
-def _templates(adapter: DialectAdapter) -> list[str]:
+def _parts(adapter: DialectAdapter) -> tuple[str, str]:
+    """The reservation and the entry's insert, which reads the reserved
+    version from a WITH part named ``reserved`` where the database has them."""
     strategy = adapter.outbox_version_strategy
-    reserve = _RESERVE[strategy]
     reserved = (
         "(SELECT {v} FROM reserved)" if adapter.supports_writable_cte else _RESERVED[strategy]
     )
     version = adapter.version_hex_sql.format(value=reserved)
     payload = adapter.json_from_text_sql.format(x="REPLACE({payload}, {stand_in}, {version})")
-    insert = _INSERT.replace("{payload_json}", payload).replace("{version}", version)
+    return _RESERVE[strategy], _INSERT.replace("{payload_json}", payload).replace(
+        "{version}", version
+    )
+
+
+def _templates(adapter: DialectAdapter) -> list[str]:
+    reserve, insert = _parts(adapter)
     returning = " RETURNING {vs}" if adapter.supports_returning else ""
     if adapter.supports_writable_cte:
         return [f"WITH reserved AS ({reserve}) " + insert + returning]
@@ -191,31 +219,29 @@ def describe(
     return mutations, ref_map
 
 
-def entry_queries(
-    statements: OutboxStatements,
+def entry_values(
     codec: ValueCodec,
     *,
     uow_id: str,
     schema: str,
     namespace: str,
     writes: Sequence[MutationOp],
-) -> list[CompiledQuery]:
-    """The statements writing the outbox entry of a unit with these ``writes``
-    (creates, updates, deletes — never checks), run last in its transaction;
-    their results give the entry's versionstamp
-    (:meth:`OutboxStatements.versionstamp`)."""
+) -> dict[str, Any]:
+    """What the outbox entry of a unit with these ``writes`` (creates,
+    updates, deletes — never checks) binds, for :meth:`OutboxStatements.queries`
+    (run last in the unit's transaction; their results give the entry's
+    versionstamp, :meth:`OutboxStatements.versionstamp`) or
+    :meth:`OutboxStatements.with_parts`."""
     # A random stand-in takes the version's place in the prepared texts; the
     # database swaps in the version it reserves, so from the reservation to
     # COMMIT nothing waits for a reply from us.
     stand_in = os.urandom(10).hex()
     mutations, ref_map = describe(schema, namespace, writes, stand_in)
-    return statements.queries(
-        {
-            "stamp": stand_in + "0000",
-            "stand_in": stand_in,
-            "uow_id": uow_id,
-            "payload": dump_tagged({"version": 1, "mutations": mutations}),
-            "refs": dump_tagged(ref_map) if ref_map else None,
-            "created": codec.encoder("timestamp")(utc_now()),
-        }
-    )
+    return {
+        "stamp": stand_in + "0000",
+        "stand_in": stand_in,
+        "uow_id": uow_id,
+        "payload": dump_tagged({"version": 1, "mutations": mutations}),
+        "refs": dump_tagged(ref_map) if ref_map else None,
+        "created": codec.encoder("timestamp")(utc_now()),
+    }

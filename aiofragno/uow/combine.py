@@ -9,10 +9,16 @@ sees the others' changes. So only operations whose outcome cannot depend on
 their order are combined: each on a different row, none referring to a row
 that another creates, and no deletes (a cascade acts on rows of its own).
 Other phases run statement by statement.
+
+With the outbox on, the statement can also carry the unit's outbox entry and
+run outside any transaction, committing on its own (:func:`combine_committing`):
+a stale checked operation then has to abort the statement itself, which
+:data:`STALE` marks in the database's error message.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from itertools import chain
 
@@ -20,11 +26,14 @@ from ..driver import CompiledQuery, QueryCompiler, QueryResult
 from .catalog import Catalog
 from .ops import Check, Create, Delete, MutationOp
 
+# Put in the error that aborts a committing statement at a stale operation,
+# followed by the operation's index.
+STALE = "aiofragno-stale-operation:"
+_STALE_INDEX = re.compile(re.escape(STALE) + r"(\d+)")
+
 
 def combinable(ops: Sequence[MutationOp]) -> bool:
     """Whether ``ops`` give the same result run as one statement."""
-    if len(ops) < 2:
-        return False
     touched: set[tuple[str, str]] = set()
     created: set[str] = set()
     for op in ops:
@@ -51,18 +60,62 @@ def _refers_to(op: MutationOp, rows: set[str]) -> bool:
 
 
 def combine(catalog: Catalog, ops: Sequence[MutationOp]) -> CompiledQuery:
-    """The one statement running ``ops`` (see :func:`combinable`); its text is
-    cached by the operations' texts."""
+    """The one statement running ``ops`` (see :func:`combinable`) inside the
+    open transaction; its text is cached by the operations' texts."""
     key = ("combined", *(op.query.sql for op in ops))
     text = catalog.sql_cache.get(key)
     if text is None:
-        text = catalog.sql_cache[key] = _combined_sql(catalog.compiler, ops)
+        parts, _ = _parts(catalog.compiler, ops)
+        counts = (f"(SELECT count(*) FROM q{index}) AS n{index}" for index in range(len(ops)))
+        text = catalog.sql_cache[key] = f"WITH {', '.join(parts)} SELECT {', '.join(counts)}"
     return CompiledQuery(text, tuple(chain.from_iterable(op.query.parameters for op in ops)))
 
 
-def _combined_sql(compiler: QueryCompiler, ops: Sequence[MutationOp]) -> str:
+def combine_committing(
+    catalog: Catalog, ops: Sequence[MutationOp], entry: CompiledQuery, stamp: str, abort: str
+) -> CompiledQuery:
+    """The one statement running ``ops`` and writing the outbox ``entry``
+    (parts of a WITH; ``stamp`` selects the entry's versionstamp from them),
+    to be run outside a transaction. A checked operation that matches no row
+    aborts it through ``abort`` (``{message}``: an SQL text expression, which
+    will name :data:`STALE` and the operation's index) — see :func:`stale_index`."""
+    key = ("committing", *(op.query.sql for op in ops))
+    text = catalog.sql_cache.get(key)
+    if text is None:
+        compiler = catalog.compiler
+        parts, offset = _parts(compiler, ops)
+        parts.append(compiler.shift_placeholders(entry.sql, offset))
+        counts = [_guarded_count(op, index, abort) for index, op in enumerate(ops)]
+        text = f"WITH {', '.join(parts)} SELECT {', '.join(counts)}, {stamp} AS stamp"
+        catalog.sql_cache[key] = text
+    parameters = (*chain.from_iterable(op.query.parameters for op in ops), *entry.parameters)
+    return CompiledQuery(text, parameters)
+
+
+def _guarded_count(op: MutationOp, index: int, abort: str) -> str:
+    count = f"(SELECT count(*) FROM q{index}) AS n{index}"
+    if not op.checked:
+        return count
+    # The message has the count in it, so it is not a constant that the
+    # planner would evaluate (and fail on) whatever the count turns out to be.
+    message = f"'{STALE}{index}:' || count(*)"
+    failed = abort.format(message=message)
+    return (
+        f"(SELECT CASE count(*) WHEN 0 THEN {failed} ELSE count(*) END FROM q{index}) AS n{index}"
+    )
+
+
+def stale_index(message: str) -> int | None:
+    """The index of the operation that aborted a committing statement, from
+    the error's message; None if the error is another one."""
+    found = _STALE_INDEX.search(message)
+    return None if found is None else int(found.group(1))
+
+
+def _parts(compiler: QueryCompiler, ops: Sequence[MutationOp]) -> tuple[list[str], int]:
+    """The WITH parts q0, q1, ... running ``ops``, and how many parameters
+    they take."""
     parts: list[str] = []
-    counts: list[str] = []
     offset = 0
     for index, op in enumerate(ops):
         statement = compiler.shift_placeholders(op.query.sql, offset)
@@ -71,8 +124,7 @@ def _combined_sql(compiler: QueryCompiler, ops: Sequence[MutationOp]) -> str:
         # row it changed.
         returning = "" if isinstance(op, Check) else " RETURNING 1"
         parts.append(f"q{index} AS ({statement}{returning})")
-        counts.append(f"(SELECT count(*) FROM q{index}) AS n{index}")
-    return f"WITH {', '.join(parts)} SELECT {', '.join(counts)}"
+    return parts, offset
 
 
 def split(ops: Sequence[MutationOp], result: QueryResult) -> list[QueryResult]:

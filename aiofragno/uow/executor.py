@@ -26,13 +26,13 @@ from ..lost_session import end_session
 from ..migrate import SETTINGS_TABLE
 from ..outbox.tables import VERSION_KEY
 from ..outbox.versionstamp import MAX_INDEX
-from ..outbox.writer import entry_queries
+from ..outbox.writer import entry_values
 from ..resilience import retry_read, shared_deadline
 from ..schema import new_external_id
 from ..session import CLEANUP_TIMEOUT, Session
 from ..sql import Identifier, sql
 from .catalog import Catalog
-from .combine import combinable, combine, split
+from .combine import combinable, combine, combine_committing, split, stale_index
 from .ops import Check, MutationOp
 from .retry import ExponentialBackoff, RetryPolicy
 from .unit import UnitOfWork
@@ -160,27 +160,32 @@ async def run_mutations(
             f"{len(writes)}; split it into several units"
         )
     ops = uow.mutations
-    entry: list[CompiledQuery] = []
+    values: dict[str, Any] | None = None
     if db.options.outbox and writes:
-        entry = entry_queries(
-            db.outbox_statements,
+        values = entry_values(
             db.codec,
             uow_id=uow.uow_id,
             schema=catalog.layout.schema.name,
             namespace=catalog.layout.namespace,
             writes=writes,
         )
+    entry = [] if values is None else db.outbox_statements.queries(values)
     for query in (*(op.query for op in ops), *entry):
         notify(query)
     session = await held.get()
+    abort = None
+    if values is not None and isolation is None:
+        abort = _abort_sql(db, ops)
+        if abort is not None and await _commit_alone(db, session, catalog, ops, values, abort, uow):
+            return
     await session.begin(isolation)
     try:
-        results = await _write(db, session, catalog, ops, isolation)
+        # (After the one statement failed, only one statement per operation
+        # tells which failed.)
+        results = await _write(db, session, catalog, ops, isolation, combined=abort is None)
         for op, result in zip(ops, results, strict=False):  # (a batch may stop early)
             if op.conflicted(result):
-                raise _Conflict(
-                    f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
-                )
+                raise _Conflict(_stale(op))
         # The outbox entry reserves its version (locking the counter row until
         # COMMIT), so it goes out together with the COMMIT.
         written = await session.commit(entry)
@@ -191,18 +196,62 @@ async def run_mutations(
         raise
 
 
+def _stale(op: MutationOp) -> str:
+    return f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
+
+
+def _abort_sql(db: Database, ops: Sequence[MutationOp]) -> str | None:
+    """:data:`DialectAdapter.abort_sql` where the phase and its outbox entry
+    can be one statement committing on its own (:func:`_commit_alone`), else None."""
+    adapter = db.adapter
+    return adapter.abort_sql if adapter.supports_writable_cte and combinable(ops) else None
+
+
+async def _commit_alone(
+    db: Database,
+    session: Session,
+    catalog: Catalog,
+    ops: Sequence[MutationOp],
+    values: dict[str, Any],
+    abort: str,
+    uow: UnitOfWork,
+) -> bool:
+    """The operations and the outbox entry as one statement outside any
+    transaction — one round trip for the phase, its entry and COMMIT, and the
+    outbox counter's row lock held only inside the server, not across our
+    round trips. True once committed; False, with nothing applied, when it
+    failed with an error that only a statement-by-statement run can pin to an
+    operation. A lost connection is :class:`CommitOutcomeUnknown`, which the
+    outbox entry resolves."""
+    statements = db.outbox_statements
+    query = combine_committing(catalog, ops, statements.with_parts(values), statements.stamp, abort)
+    try:
+        result = await session.execute_committing(query)
+    except DataError as exc:
+        index = stale_index(str(exc))
+        if index is None:
+            return False
+        raise _Conflict(_stale(ops[index])) from exc
+    except (IntegrityError, ProgrammingError):
+        return False
+    uow.versionstamp = str(result.rows[0]["stamp"])
+    return True
+
+
 async def _write(
     db: Database,
     session: Session,
     catalog: Catalog,
     ops: Sequence[MutationOp],
     isolation: IsolationLevel | None,
+    *,
+    combined: bool,
 ) -> list[QueryResult]:
     """Run the operations in the open transaction; their results. One statement
-    where the database can combine them, else one batch (one round trip where
-    the driver can) cut short at the first conflict; either way a conflict
-    rolls everything back afterwards."""
-    if db.adapter.supports_writable_cte and combinable(ops):
+    where the database can combine them (and ``combined``), else one batch
+    (one round trip where the driver can) cut short at the first conflict;
+    either way a conflict rolls everything back afterwards."""
+    if combined and db.adapter.supports_writable_cte and len(ops) > 1 and combinable(ops):
         try:
             return split(ops, (await session.execute_batch([combine(catalog, ops)]))[0])
         except (IntegrityError, DataError, ProgrammingError):

@@ -35,6 +35,7 @@ import aiofragno as af
 from aiofragno.outbox import Consumer, ConsumerHalted, OutboxEntry
 from aiofragno.outbox.tables import CONSUMERS, DEAD_LETTERS, OUTBOX
 from aiofragno.schema import tables_in_dependency_order
+from aiofragno.session import Session
 from tests.conftest import Target, require_target
 
 pytestmark = pytest.mark.anyio
@@ -546,14 +547,15 @@ async def test_rolled_back_reservation_leaves_no_gap(shop: Env, cleanup: Cleanup
 
 @pytest.mark.parametrize("fault", ["stale-update", "stale-check", "missing-reference"])
 async def test_a_failing_operation_undoes_the_phase_and_its_reservation(
-    shop: Env, fault: str
+    shop: Env, fault: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A phase that fails at one operation — a stale checked update between
     two writes, a stale check after them, a reference to no row — applies
     none of its writes and leaves no entry and no reserved version; a stale
-    operation is named in the conflict (on PostgreSQL the phase is one
-    statement; after an error, it is run again one statement at a time to
-    tell which operation failed)."""
+    operation is named in the conflict. On PostgreSQL the phase is first
+    tried as one statement committing on its own: the stale operation aborts
+    it, the other error makes the phase run again in a transaction, one
+    statement at a time, to tell which operation failed."""
     db = shop.db
     await shop.create("accounts", *({"owner": o, "balance": 100} for o in ("a", "b", "c")))
     rows = {r["owner"]: r["id"] for r in await shop.find("accounts")}
@@ -574,9 +576,22 @@ async def test_a_failing_operation_undoes_the_phase_and_its_reservation(
         src = "no-such-account" if fault == "missing-reference" else rows["a"]
         uow.create("transfers", {"src": src, "dst": rows["b"], "amount": 10})
 
+    calls: Counter[str] = Counter()
+    for method in ("execute_committing", "begin"):
+        original = getattr(Session, method)
+
+        async def spying(self: Session, *args: Any, _name: str = method, _o: Any = original) -> Any:
+            calls[_name] += 1
+            return await _o(self, *args)
+
+        monkeypatch.setattr(Session, method, spying)
     expected = af.IntegrityError if fault == "missing-reference" else af.ConcurrencyConflict
     with pytest.raises(expected) as failure:
         await shop.run(unit, retry=af.NoRetry())
+    alone = db.adapter.abort_sql is not None
+    explicit = not alone or fault == "missing-reference"
+    assert calls == Counter(execute_committing=int(alone), begin=int(explicit))
+    monkeypatch.undo()
     if stale is not None:
         op = "update" if stale == "b" else "check"
         assert f"{op} on accounts {str(rows[stale])!r}" in str(failure.value)

@@ -543,13 +543,22 @@ async def test_loss_before_commit_reruns_the_unit_once(
     await audit(load, strict=True)
 
 
+def outbox_commit(bank: Bank, seq: int) -> bytes:
+    """What the message that commits unit ``seq``'s mutation phase carries
+    with the outbox on: the unit's id, bound only in its outbox entry, which
+    goes out with the COMMIT (MySQL) or in the one statement that writes the
+    phase and commits on its own (PostgreSQL; its text goes out earlier, to
+    be prepared)."""
+    return bank.key(seq).encode()
+
+
 async def test_commit_never_reached_server_with_outbox(server: Server, bank: Bank) -> None:
     """The COMMIT itself is lost on the way (the server rolls back). The
     client cannot know that; with the outbox, the executor finds no entry for
     the unit and re-runs it: applied exactly once."""
     async with server.proxied(pool_size=2, outbox=True) as (proxy, db):
         load = Load(bank, db)
-        proxy.drop_after(b"COMMIT", forward=False)
+        proxy.drop_after(outbox_commit(bank, 0), forward=False)
         with anyio.fail_after(TEST_LIMIT):
             await load.run(0)
         assert proxy.drops == 1, "the fault was not injected"
@@ -582,7 +591,7 @@ async def test_commit_reply_lost_with_outbox(server: Server, bank: Bank) -> None
     the unit again. Applied exactly once."""
     async with server.proxied(pool_size=2, outbox=True) as (proxy, db):
         load = Load(bank, db)
-        proxy.drop_after(b"COMMIT", forward=True)
+        proxy.drop_after(outbox_commit(bank, 0), forward=True)
         with anyio.fail_after(TEST_LIMIT):
             outcome = await load.run(0)
         assert proxy.drops == 1, "the fault was not injected"
@@ -602,7 +611,7 @@ async def test_commit_in_flight_when_connection_lost_with_outbox(
         load = Load(bank, db)
         with anyio.fail_after(TEST_LIMIT):
             for seq in range(5):
-                proxy.drop_after(b"COMMIT", forward=True, wait_reply=False)
+                proxy.drop_after(outbox_commit(bank, seq), forward=True, wait_reply=False)
                 assert isinstance(await load.run(seq), af.RowId), load.outcomes[seq]
         assert proxy.drops == 5, "the fault was not injected"
     await audit(load, strict=True)
@@ -649,7 +658,7 @@ async def test_commit_reply_lost_then_lookup_commit_lost_with_outbox(
         # (on MySQL, opening one sends a COMMIT too, which would take the drop).
         await open_connections(db, 2)
         assert proxy.connections == 2
-        proxy.drop_after(b"COMMIT", forward=True, count=2)
+        proxy.drop_after(outbox_commit(bank, 0), forward=True, then=[b"COMMIT"])
         with anyio.fail_after(TEST_LIMIT):
             outcome = await load.run(0)
         assert proxy.drops == 2, "the faults were not injected"
@@ -662,8 +671,9 @@ async def test_commit_reply_lost_then_lookup_commit_lost_with_outbox(
 
 
 async def test_commit_read_late_by_the_server_with_outbox(server: Server, bank: Bank) -> None:
-    """The network keeps the unit's COMMIT back (on MySQL with the outbox
-    reservation and entry it travels with) and closes the client's side, while
+    """The network keeps the message that commits the unit back (on MySQL the
+    outbox entry with the COMMIT; on PostgreSQL the one statement that writes
+    and commits the phase) and closes the client's side, while
     the server session lives on without having read it. The executor must end
     that session before it looks for the unit's entry: else it finds none and
     re-runs the unit, and the late COMMIT applies it a second time (or, where
@@ -672,9 +682,7 @@ async def test_commit_read_late_by_the_server_with_outbox(server: Server, bank: 
     unit is applied exactly once."""
     async with server.proxied(pool_size=2, outbox=True) as (proxy, db):
         load = Load(bank, db)
-        # Open connections first: on MySQL, opening one sends a COMMIT too.
-        await open_connections(db, 2)
-        proxy.hold_after(b"COMMIT")
+        proxy.hold_after(outbox_commit(bank, 0))
         with anyio.fail_after(TEST_LIMIT):
             outcome = await load.run(0)
             assert proxy.held == 1, "the fault was not injected"
@@ -683,6 +691,35 @@ async def test_commit_read_late_by_the_server_with_outbox(server: Server, bank: 
         assert db.stats.lost_connection_retries == 1
     assert isinstance(outcome, af.RowId), outcome
     await audit(load, strict=True)
+
+
+async def test_commit_read_late_unchecked_unit_with_outbox(server: Server, bank: Bank) -> None:
+    """The same with a unit that only creates a row: no version check can
+    stop the late statement there, so only ending the lost session keeps it
+    from applying the unit a second time."""
+    calls = 0
+
+    async def unit(uow: af.UnitOfWork) -> None:
+        nonlocal calls
+        calls += 1
+        account = uow.find_first("accounts", where={"owner": "acct00"})
+        await uow.retrieve()
+        ref = account.result["id"]
+        uow.create("transfers", {"src": ref, "dst": ref, "amount": 0, "seq": 0})
+
+    key = bank.key(0)
+    start = await bank.admin.outbox.latest()
+    async with server.proxied(pool_size=2, outbox=True) as (proxy, db):
+        await open_connections(db, 2)  # (on MySQL, opening one sends a COMMIT)
+        proxy.hold_after(key.encode())
+        with anyio.fail_after(TEST_LIMIT):
+            await db.execute_uow(unit, schema=BANK, namespace=bank.namespace, idempotency_key=key)
+            assert proxy.held == 1, "the fault was not injected"
+            await proxy.release_held()
+        assert calls == 2
+    assert await bank.seqs() == Counter({0: 1})
+    entries = await outbox_after(bank.admin, start)
+    assert [entry.uow_id for entry in entries].count(key) == 1
 
 
 async def test_end_session_after_a_lost_user_commit(server: Server, bank: Bank) -> None:

@@ -110,21 +110,11 @@ class Session:
         driver can (:meth:`Connection.commit_batch
         <aiofragno.driver.Connection.commit_batch>`); their results. A lost
         connection raises :class:`CommitOutcomeUnknown`."""
-        was_open = not self.connection.is_closed
         results: list[QueryResult] = []
-        try:
-            if queries:
-                results = await self.connection.commit_batch(queries)
-            else:
-                await self.driver.commit_transaction(self.connection)
-        except Exception as exc:
-            error = self._commit_failed(exc, was_open)
-            if error is exc:
-                raise
-            raise error from exc
-        except BaseException:
-            self.interrupted = True
-            raise
+        if queries:
+            results = await self._committing(self.connection.commit_batch(queries))
+        else:
+            await self._committing(self.driver.commit_transaction(self.connection))
         self.in_transaction = False
         return results
 
@@ -133,9 +123,14 @@ class Session:
         lost connection raises :class:`CommitOutcomeUnknown` as in :meth:`commit`."""
         if logger.isEnabledFor(logging.DEBUG):
             _log(query)
+        return await self._committing(self.connection.execute_query(query))
+
+    async def _committing(self, operation: Awaitable[T]) -> T:
+        """``operation``, which commits: a connection lost on the way (open
+        when it started) raises :class:`CommitOutcomeUnknown`."""
         was_open = not self.connection.is_closed
         try:
-            return await self.connection.execute_query(query)
+            return await operation
         except Exception as exc:
             error = self._commit_failed(exc, was_open)
             if error is exc:

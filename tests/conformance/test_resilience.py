@@ -722,25 +722,35 @@ async def test_commit_read_late_unchecked_unit_with_outbox(server: Server, bank:
     assert [entry.uow_id for entry in entries].count(key) == 1
 
 
+async def transfer_insert(bank: Bank) -> Callable[[str, int], af.Fragment]:
+    """For user transactions: the INSERT of a transfer row (``id``, ``seq``)
+    from and to one account."""
+    account = await bank.admin.fetch_value(
+        af.sql("SELECT MIN(_id) FROM {a}", a=bank.ident("accounts"))
+    )
+    template = (
+        "INSERT INTO {t} (id, src, dst, amount, seq, _version) VALUES ({id}, {a}, {a}, 1, {s}, 0)"
+    )
+
+    def insert(row_id: str, seq: int) -> af.Fragment:
+        return af.sql(template, t=bank.ident("transfers"), id=row_id, a=account, s=seq)
+
+    return insert
+
+
 async def test_end_session_after_a_lost_user_commit(server: Server, bank: Bank) -> None:
     """``db.transaction()`` whose COMMIT the network keeps back:
     CommitOutcomeUnknown names the lost server session, and
     ``db.end_session`` ends it — after that, the late COMMIT changes nothing
     and what the database holds is final (here: nothing of the transaction)."""
-    t = bank.ident("transfers")
-    insert = (
-        "INSERT INTO {t} (id, src, dst, amount, seq, _version) VALUES ({id}, {a}, {a}, 1, {s}, 0)"
-    )
-    account = await bank.admin.fetch_value(
-        af.sql("SELECT MIN(_id) FROM {a}", a=bank.ident("accounts"))
-    )
+    insert = await transfer_insert(bank)
     async with server.proxied(pool_size=2) as (proxy, db):
         await open_connections(db, 2)
         proxy.hold_after(b"COMMIT")
         with anyio.fail_after(TEST_LIMIT):
             with pytest.raises(af.CommitOutcomeUnknown) as caught:
                 async with db.transaction() as tx:
-                    await tx.execute(af.sql(insert, t=t, id="tx-a", a=account, s=900))
+                    await tx.execute(insert("tx-a", 900))
             assert proxy.held == 1, "the fault was not injected"
             lost = caught.value.server_session
             assert lost is not None
@@ -760,20 +770,14 @@ async def test_user_transaction_cut_midway(server: Server, bank: Bank, reset: bo
     """``db.transaction()`` whose connection is cut (closed, or reset) between
     two statements: ConnectionLost (not CommitOutcomeUnknown: COMMIT was never
     sent), nothing of it written, and the Database goes on working."""
-    t = bank.ident("transfers")
-    insert = (
-        "INSERT INTO {t} (id, src, dst, amount, seq, _version) VALUES ({id}, {a}, {a}, 1, {s}, 0)"
-    )
-    account = await bank.admin.fetch_value(
-        af.sql("SELECT MIN(_id) FROM {a}", a=bank.ident("accounts"))
-    )
+    insert = await transfer_insert(bank)
     async with server.proxied(pool_size=2) as (proxy, db):
         with anyio.fail_after(TEST_LIMIT), pytest.raises(af.ConnectionLost) as caught:
             async with db.transaction() as tx:
-                await tx.execute(af.sql(insert, t=t, id="tx-a", a=account, s=900))
+                await tx.execute(insert("tx-a", 900))
                 assert proxy.cut_all(reset=reset) == 1
                 await wait_cut(proxy)
-                await tx.execute(af.sql(insert, t=t, id="tx-b", a=account, s=901))
+                await tx.execute(insert("tx-b", 901))
         assert not isinstance(caught.value, af.CommitOutcomeUnknown)
         assert caught.value.__cause__ is not None
         assert await bank.seqs() == Counter()
@@ -785,19 +789,13 @@ async def test_user_transaction_commit_lost(server: Server, bank: Bank, forward:
     """``db.transaction()`` whose COMMIT (``forward=False``) or whose COMMIT's
     reply (``forward=True``) is lost: CommitOutcomeUnknown either way, and the
     database holds the transaction's writes exactly when the server got COMMIT."""
-    t = bank.ident("transfers")
-    insert = (
-        "INSERT INTO {t} (id, src, dst, amount, seq, _version) VALUES ({id}, {a}, {a}, 1, {s}, 0)"
-    )
-    account = await bank.admin.fetch_value(
-        af.sql("SELECT MIN(_id) FROM {a}", a=bank.ident("accounts"))
-    )
+    insert = await transfer_insert(bank)
     async with server.proxied(pool_size=2) as (proxy, db):
         proxy.drop_after(b"COMMIT", forward=forward)
         with anyio.fail_after(TEST_LIMIT), pytest.raises(af.CommitOutcomeUnknown):
             async with db.transaction() as tx:
-                await tx.execute(af.sql(insert, t=t, id="tx-a", a=account, s=900))
-                await tx.execute(af.sql(insert, t=t, id="tx-b", a=account, s=901))
+                await tx.execute(insert("tx-a", 900))
+                await tx.execute(insert("tx-b", 901))
         assert proxy.drops == 1
         expected = Counter({900: 1, 901: 1}) if forward else Counter()
         assert await bank.seqs() == expected

@@ -25,8 +25,9 @@ from ..sql import Json, SqlCompiler
 from .common import isolation_sql, json_param
 
 # A server session: its backend's process id and start time (a process id
-# alone is reused once the process has exited).
-SESSION = "CAST(pid AS text) || '@' || CAST(backend_start AS text)"
+# alone is reused once the process has exited). The start time as epoch
+# seconds, so that no session's TimeZone or DateStyle changes its text.
+SESSION = "CAST(pid AS text) || '@' || CAST(EXTRACT(EPOCH FROM backend_start) AS text)"
 SESSION_SQL = f"SELECT {SESSION} FROM pg_stat_activity WHERE pid = pg_backend_pid()"
 
 ADAPTER = DialectAdapter(

@@ -39,8 +39,11 @@ per unit, and one outbox entry per unit with gap-free versions where the
 variant writes them). Results: a table per backend x concurrency (units/s = all units /
 all run time; p50/p99 of unit latency including retries; conflicts = retried
 attempts; CPU us/unit = this process's CPU time, driver threads included,
-server excluded -- steadier than wall time on a busy machine), the ratios -- overall, and the median and range of the per-round
-ratios, which pair runs of the same round -- and JSON in ``benchmarks/results/``.
+server excluded -- steadier than wall time on a busy machine -- split into the
+event loop's thread and the other threads, beside the server processes' CPU
+when the server runs on this machine: see ``cpu_meter``), the ratios --
+overall, and the median and range of the per-round ratios, which pair runs of
+the same round -- and JSON in ``benchmarks/results/``.
 
     python -m benchmarks.transfer --backend sqlite|postgresql|mysql|all \\
         --units 2000 --concurrency 1,16 [--json PATH]
@@ -72,6 +75,7 @@ from aiofragno.schema import new_external_id
 
 from . import _common as common
 from ._common import POOL_SIZE, SCHEMA, Backoff, Target, asyncmy_options, owner
+from .cpu_meter import NO_CPU, CpuSample, CpuUsed, server_commands
 
 WARMUP = 100
 
@@ -642,7 +646,7 @@ class Measured:
     variant: str
     driver: str
     seconds: float = 0.0
-    cpu: float = 0.0
+    cpu: CpuUsed = NO_CPU
     units: int = 0
     conflicts: int = 0
     latencies: list[float] = field(default_factory=list)
@@ -651,6 +655,9 @@ class Measured:
     @property
     def rate(self) -> float:
         return self.units / self.seconds if self.seconds else math.nan
+
+    def _per_unit(self, seconds: float | None) -> float | None:
+        return None if seconds is None else round(seconds / self.units * 1e6, 1)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -661,17 +668,23 @@ class Measured:
             "units_per_s": round(self.rate, 1),
             "p50_ms": round(common.percentile(self.latencies, 50) * 1000, 3),
             "p99_ms": round(common.percentile(self.latencies, 99) * 1000, 3),
-            "cpu_us_per_unit": round(self.cpu / self.units * 1e6, 1),
+            "cpu_us_per_unit": self._per_unit(self.cpu.loop + self.cpu.threads),
+            "loop_cpu_us_per_unit": self._per_unit(self.cpu.loop),
+            "thread_cpu_us_per_unit": self._per_unit(self.cpu.threads),
+            "server_cpu_us_per_unit": self._per_unit(self.cpu.server),
             "conflicts": self.conflicts,
             "rounds": self.rounds,
         }
 
 
 async def run(
-    variant: Variant, work: Sequence[tuple[int, int, int]], concurrency: int
-) -> tuple[float, list[float], int, float]:
+    variant: Variant,
+    work: Sequence[tuple[int, int, int]],
+    concurrency: int,
+    server: tuple[str, ...] = (),
+) -> tuple[float, list[float], int, CpuUsed]:
     """``work`` by ``concurrency`` workers: (seconds, unit latencies, conflicts,
-    CPU seconds of this process, driver threads included)."""
+    CPU used by this process and by the ``server`` processes)."""
     latencies: list[float] = []
     conflicts = variant.policy.conflicts
     units = iter(work)
@@ -683,15 +696,17 @@ async def run(
             await variant.transfer(lo, hi, amount)
             latencies.append(clock() - started)
 
-    started, cpu = clock(), time.process_time()
+    cpu = CpuSample.take(server)
+    started = clock()
     async with asyncio.TaskGroup() as tg:
         for _ in range(concurrency):
             tg.create_task(worker())
+    seconds = clock() - started
     return (
-        clock() - started,
+        seconds,
         latencies,
         variant.policy.conflicts - conflicts,
-        time.process_time() - cpu,
+        cpu.until(CpuSample.take(server)),
     )
 
 
@@ -711,6 +726,7 @@ async def bench_target(
         for v in variants:
             await v.open(admin)
         per_round = math.ceil(args.units / args.rounds)
+        server = server_commands(target.dialect, target.parsed.host)
         for concurrency in args.concurrency:
             for v in variants:  # warm-up: connections, statement caches, code paths
                 await common.reset(admin)
@@ -721,7 +737,7 @@ async def bench_target(
                 for v in variants if r % 2 == 0 else variants[::-1]:
                     await common.reset(admin)
                     gc.collect()
-                    seconds, latencies, conflicts, cpu = await run(v, work, concurrency)
+                    seconds, latencies, conflicts, cpu = await run(v, work, concurrency, server)
                     await common.verify(admin, len(work), outbox=v.outbox)
                     m = measured[v.name]
                     m.seconds += seconds
@@ -756,7 +772,18 @@ def report(
         f"\n{target.dialect}, concurrency {concurrency}: {units} units per variant in {rounds} rounds"
     )
     common.print_table(
-        ["variant", "driver", "units/s", "p50 ms", "p99 ms", "conflicts", "CPU us/unit"],
+        [
+            "variant",
+            "driver",
+            "units/s",
+            "p50 ms",
+            "p99 ms",
+            "conflicts",
+            "CPU us/unit",
+            "loop",
+            "threads",
+            "server",
+        ],
         [
             [
                 r["variant"],
@@ -766,6 +793,9 @@ def report(
                 r["p99_ms"],
                 r["conflicts"],
                 r["cpu_us_per_unit"],
+                r["loop_cpu_us_per_unit"],
+                r["thread_cpu_us_per_unit"],
+                r["server_cpu_us_per_unit"],
             ]
             for r in rows
         ],

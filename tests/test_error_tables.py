@@ -618,6 +618,55 @@ async def test_connection_killed_outside_a_transaction_is_not_reused(
             assert await db.fetch_value(pid_sql) != pid
 
 
+ER_QUERY_INTERRUPTED = 1317
+
+
+async def _sleep_killed(url: str, lock: str, named: str) -> bool:
+    """SLEEP(1) on a connection holding ``lock`` while the backend's query
+    killer is pointed at its id and the session lock ``named``: whether the
+    server interrupted it."""
+    parsed = parse_url(url)
+    conn = await asyncmy_backend.open_raw(parsed, Options())
+    interrupted: list[bool] = []
+    try:
+        async with conn.cursor() as cursor:
+            await cursor.execute(mysql.SESSION_LOCK_SQL, (lock,))
+            assert (await cursor.fetchone())[0] == 1
+
+        async def sleep() -> None:
+            async with conn.cursor() as cursor:
+                try:
+                    await cursor.execute("SELECT SLEEP(1)")
+                except asyncmy.errors.OperationalError as exc:
+                    assert exc.args[0] == ER_QUERY_INTERRUPTED, exc
+                    interrupted.append(True)
+                    return
+                assert (await cursor.fetchone())[0] == 0
+                interrupted.append(False)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sleep)
+            await anyio.sleep(0.3)
+            await asyncmy_backend.kill_query(parsed, Options(), conn.thread_id(), named)
+    finally:
+        conn.close()
+    return interrupted[0]
+
+
+@pytest.mark.anyio
+async def test_mysql_query_killer_stops_only_the_connection_holding_the_session(
+    my_url: str, anyio_backend: str
+) -> None:
+    """After a server restart a connection id can name another client's
+    connection; the killer checks the session lock before KILL QUERY."""
+    if anyio_backend != "asyncio":
+        pytest.skip("drives the asyncmy backend directly, which runs on asyncio (trio bridges)")
+    with anyio.fail_after(15):
+        assert await _sleep_killed(my_url, "aiofragno-test-held", "aiofragno-test-held")
+        # The same id, but the session lock named is not this connection's.
+        assert not await _sleep_killed(my_url, "aiofragno-test-other", "aiofragno-test-gone")
+
+
 # --------------------------------------------------- connecting: refused, silent server
 
 

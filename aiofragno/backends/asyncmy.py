@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -83,7 +84,7 @@ def _utc_rows(description: Any, tuples: list[tuple[Any, ...]]) -> list[tuple[Any
     return fixed
 
 
-Killer = Callable[[int], Awaitable[None]]
+Killer = Callable[[int, str], Awaitable[None]]
 
 # What a MySQL string literal escapes with backslashes (the backslash first, so
 # that the ones added later are not doubled).
@@ -220,7 +221,7 @@ class AsyncmyConnection:
         # (holding its locks) unless told to stop from another connection.
         with contextlib.suppress(Exception, asyncio.TimeoutError):
             async with asyncio.timeout(_KILL_TIMEOUT):
-                await self._kill(self._raw.thread_id())
+                await self._kill(self._raw.thread_id(), self.server_session)
         return False
 
     async def close(self) -> None:
@@ -228,21 +229,31 @@ class AsyncmyConnection:
             self._raw.close()
 
 
-def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
-    async def kill(thread_id: int) -> None:
-        async with asyncio.timeout(options.connect_timeout):
-            killer = await _open(url, options)
-        try:
-            async with killer.cursor() as cursor:
+async def kill_query(url: DatabaseURL, options: Options, thread_id: int, session: str) -> None:
+    """Stop the statement running on connection ``thread_id``, from a new
+    connection, if that connection still holds the session lock ``session``.
+    The server hands out connection ids afresh after a restart, so the id
+    alone could name someone else's connection by now; the lock names ours."""
+    async with asyncio.timeout(options.connect_timeout):
+        killer = await open_raw(url, options)
+    try:
+        async with killer.cursor() as cursor:
+            await cursor.execute(mysql.SESSION_HOLDER_SQL, (session,))
+            (holder,) = await cursor.fetchone()
+            if holder == thread_id:
                 await cursor.execute("KILL QUERY %s", (thread_id,))
-        finally:
-            killer.close()
+    finally:
+        killer.close()
+
+
+def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
+    kill = functools.partial(kill_query, url, options)
 
     async def connect() -> AsyncmyConnection:
         # asyncmy's connect_timeout covers the TCP connect only, not the handshake.
         session = f"aiofragno-session-{os.urandom(12).hex()}"
         async with asyncio.timeout(options.connect_timeout):
-            raw = await _open(url, options)
+            raw = await open_raw(url, options)
             try:
                 async with raw.cursor() as cursor:
                     await cursor.execute(mysql.SESSION_LOCK_SQL, (session,))
@@ -266,7 +277,8 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
     )
 
 
-async def _open(url: DatabaseURL, options: Options) -> Any:
+async def open_raw(url: DatabaseURL, options: Options) -> Any:
+    """An asyncmy connection with the backend's settings, no session lock taken."""
     return await asyncmy.connect(
         host=url.host or "localhost",
         port=url.port or 3306,

@@ -24,6 +24,8 @@ from ..sql import Json, SqlCompiler
 from .common import isolation_sql, json_param, utc_naive
 
 SESSION_LOCK_SQL = "SELECT GET_LOCK(%s, 0)"
+# The id of the connection holding a session lock; NULL once that one is gone.
+SESSION_HOLDER_SQL = "SELECT IS_USED_LOCK(%s)"
 
 ADAPTER = DialectAdapter(
     supports_returning=False,

@@ -182,6 +182,11 @@ class DialectAdapter:
     # None: a broken connection leaves nothing running (an embedded database).
     session_process_sql: str | None = None
     end_process_sql: str | None = None
+    # The engine runs in this process: a batch and the checks on its results
+    # cost nothing on the wire, so :meth:`Connection.commit_batch` with a stop
+    # point runs a transaction's writes, their checks and COMMIT in one call.
+    # False: checks wait for the results, and COMMIT goes out after them.
+    checks_batches_in_process: bool = False
 
 
 StopWhen = Callable[[int, QueryResult], bool]
@@ -242,11 +247,15 @@ class Connection(Protocol):
 
     async def commit(self) -> None: ...
 
-    async def commit_batch(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
+    async def commit_batch(
+        self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
+    ) -> list[QueryResult]:
         """Run ``queries`` in the open transaction, then COMMIT it, in as few
         round trips as the driver allows — so that locks the statements take
         are released without waiting on the caller. A statement that fails
-        raises before COMMIT is sent, leaving the transaction open."""
+        raises before COMMIT is sent, leaving the transaction open. So does a
+        stop point (``stop`` as in :meth:`execute_batch`): the results up to
+        it come back, without COMMIT (:func:`stopped` tells)."""
         ...
 
     async def rollback(self) -> None: ...
@@ -280,14 +289,24 @@ async def execute_in_turn(
     return results
 
 
-async def commit_in_turn(
-    connection: Connection, queries: Sequence[CompiledQuery]
+async def commit_after(
+    connection: Connection, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
 ) -> list[QueryResult]:
-    """:meth:`Connection.commit_batch` for a driver that sends one statement
-    per round trip."""
-    results = await execute_in_turn(connection, queries)
-    await connection.commit()
+    """:meth:`Connection.commit_batch` for a driver that cannot send COMMIT
+    with the statements before it: their batch, then COMMIT unless it stopped."""
+    results = await connection.execute_batch(queries, stop)
+    if not stopped(queries, results, stop):
+        await connection.commit()
     return results
+
+
+def stopped(
+    queries: Sequence[CompiledQuery], results: Sequence[QueryResult], stop: StopWhen | None
+) -> bool:
+    """Whether a batch of ``queries`` ended at a stop point, not after the last one."""
+    if stop is None:
+        return False
+    return len(results) < len(queries) or (bool(results) and stop(len(results) - 1, results[-1]))
 
 
 COMMIT = CompiledQuery("COMMIT")

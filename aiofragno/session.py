@@ -23,6 +23,7 @@ from .driver import (
     QueryResult,
     Row,
     StopWhen,
+    stopped,
 )
 from .errors import CommitOutcomeUnknown, ConnectionLost, Error
 
@@ -105,14 +106,19 @@ class Session:
         await self._call(self.driver.rollback_transaction(self.connection))
         self.in_transaction = False
 
-    async def commit(self, queries: Sequence[CompiledQuery] = ()) -> list[QueryResult]:
+    async def commit(
+        self, queries: Sequence[CompiledQuery] = (), stop: StopWhen | None = None
+    ) -> list[QueryResult]:
         """COMMIT, after running ``queries`` in the same round trip where the
         driver can (:meth:`Connection.commit_batch
-        <aiofragno.driver.Connection.commit_batch>`); their results. A lost
-        connection raises :class:`CommitOutcomeUnknown`."""
+        <aiofragno.driver.Connection.commit_batch>`); their results. At a stop
+        point (see :meth:`execute_batch`) the transaction stays open, for the
+        caller to roll back. A lost connection raises :class:`CommitOutcomeUnknown`."""
         results: list[QueryResult] = []
         if queries:
-            results = await self._committing(self.connection.commit_batch(queries))
+            results = await self._committing(self.connection.commit_batch(queries, stop))
+            if stopped(queries, results, stop):
+                return results
         else:
             await self._committing(self.driver.commit_transaction(self.connection))
         self.in_transaction = False

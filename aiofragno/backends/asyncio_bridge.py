@@ -324,8 +324,10 @@ class BridgedConnection:
     ) -> list[QueryResult]:
         return await self._after_begin(partial(self.raw.execute_batch, queries, stop))
 
-    async def commit_batch(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
-        return await self._after_begin(partial(self.raw.commit_batch, queries))
+    async def commit_batch(
+        self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
+    ) -> list[QueryResult]:
+        return await self._after_begin(partial(self.raw.commit_batch, queries, stop))
 
     async def _after_begin(self, call: Factory[T]) -> T:
         """``call`` on the loop, after the deferred ``begin`` if one is pending:

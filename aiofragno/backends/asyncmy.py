@@ -30,6 +30,7 @@ from ..driver import (
     Row,
     StopWhen,
     column_index,
+    commit_after,
 )
 from ..errors import (
     ConnectionLost,
@@ -200,7 +201,13 @@ class AsyncmyConnection:
             return
         await self._raw.commit()
 
-    async def commit_batch(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
+    async def commit_batch(
+        self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
+    ) -> list[QueryResult]:
+        if stop is not None:
+            # The server runs a multi-statement text to its end: the results
+            # are checked before COMMIT goes out.
+            return await commit_after(self, queries, stop)
         # COMMIT ends the multi-statement text: the server commits right after
         # the last statement, without a round trip to us in between.
         return (await self.execute_batch([*queries, COMMIT]))[:-1]

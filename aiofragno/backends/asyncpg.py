@@ -15,7 +15,7 @@ from ..driver import (
     Row,
     StopWhen,
     column_index,
-    commit_in_turn,
+    commit_after,
     execute_in_turn,
 )
 from ..errors import (
@@ -101,8 +101,10 @@ class AsyncpgConnection:
     async def commit(self) -> None:
         await self._raw.execute("COMMIT")
 
-    async def commit_batch(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
-        return await commit_in_turn(self, queries)
+    async def commit_batch(
+        self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
+    ) -> list[QueryResult]:
+        return await commit_after(self, queries, stop)
 
     async def rollback(self) -> None:
         await self._raw.execute("ROLLBACK")

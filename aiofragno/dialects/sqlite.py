@@ -15,6 +15,7 @@ writer.
 from __future__ import annotations
 
 import sqlite3
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -25,7 +26,6 @@ from typing import Any, TypeVar
 
 from .. import runtime
 from ..driver import (
-    COMMIT,
     CompiledQuery,
     DdlSpec,
     DialectAdapter,
@@ -35,6 +35,7 @@ from ..driver import (
     StopWhen,
     StorageProfile,
     column_index,
+    stopped,
 )
 from ..errors import (
     CheckViolation,
@@ -77,6 +78,7 @@ _BASE = DialectAdapter(
     supports_writable_cte=False,
     rows_array_sql=None,  # (the driver sends a batch in one round trip)
     abort_sql=None,
+    checks_batches_in_process=True,
     storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),
     ddl=DdlSpec(
         types={
@@ -324,13 +326,23 @@ class SqliteConnection(ABC):
             await self._call(partial(_run_sql, sql="COMMIT"))
         self._release_gate()
 
-    async def commit_batch(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
-        # One hop, and not interruptible: a cancelled caller must not cut the
-        # COMMIT short (the statements before it are the caller's last few).
+    async def commit_batch(
+        self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
+    ) -> list[QueryResult]:
+        """One hop for the statements, ``stop``'s checks and COMMIT. A
+        cancelled caller interrupts the statements, never a COMMIT that has
+        started (its outcome is then the database's)."""
         begin, self._begin_pending = self._begin_pending, False
-        results = await self._call(partial(run_batch, queries=[*queries, COMMIT], begin=begin))
-        self._release_gate()
-        return results[:-1]
+        guard = CommitGuard(self._interrupt)
+        call = partial(run_batch, queries=queries, stop=stop, begin=begin, commit=guard)
+        try:
+            results = await self._call(call)
+        except runtime.get_cancelled_exc_class():
+            guard.interrupt()
+            raise
+        if not stopped(queries, results, stop):
+            self._release_gate()
+        return results
 
     async def rollback(self) -> None:
         try:
@@ -376,15 +388,44 @@ class SqliteConnection(ABC):
             self._gate.release()
 
 
+class CommitGuard:
+    """Lets a cancelled caller interrupt a batch up to its COMMIT, and not
+    once COMMIT has started: an interrupted COMMIT could leave the caller
+    unsure whether it applied while the transaction is in fact gone."""
+
+    def __init__(self, interrupt: Callable[[], None]) -> None:
+        self._lock = threading.Lock()
+        self._interrupt = interrupt
+        self._state = "running"  # -> "interrupted" | "committing"
+
+    def interrupt(self) -> None:
+        """From the caller's side: stop the batch unless COMMIT has started."""
+        with self._lock:
+            if self._state == "running":
+                self._state = "interrupted"
+                self._interrupt()
+
+    def commit(self, raw: sqlite3.Connection) -> None:
+        """From sqlite3's thread: COMMIT, unless the caller has gone."""
+        with self._lock:
+            if self._state == "interrupted":
+                # (sqlite3's interrupt is lost when no statement was running.)
+                raise sqlite3.OperationalError("interrupted before COMMIT")
+            self._state = "committing"
+        _run_sql(raw, "COMMIT")
+
+
 def run_batch(
     raw: sqlite3.Connection,
     *,
     queries: Sequence[CompiledQuery],
     stop: StopWhen | None = None,
     begin: bool = False,
+    commit: CommitGuard | None = None,
 ) -> list[QueryResult]:
     """Statements start to finish on the calling thread (sqlite3's), after
-    ``BEGIN IMMEDIATE`` when ``begin``, up to the stop point."""
+    ``BEGIN IMMEDIATE`` when ``begin``, up to the stop point; then, if none
+    was reached, COMMIT through ``commit``."""
     if begin:
         _run_sql(raw, "BEGIN IMMEDIATE")
     results: list[QueryResult] = []
@@ -392,7 +433,9 @@ def run_batch(
         result = _run_query(raw, query)
         results.append(result)
         if stop is not None and stop(index, result):
-            break
+            return results
+    if commit is not None:
+        commit.commit(raw)
     return results
 
 

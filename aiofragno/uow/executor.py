@@ -180,20 +180,43 @@ async def run_mutations(
             return
     await session.begin(isolation)
     try:
-        # (After the one statement failed, only one statement per operation
-        # tells which failed.)
-        results = await _write(db, session, catalog, ops, isolation, combined=abort is None)
-        for op, result in zip(ops, results, strict=False):  # (a batch may stop early)
-            if op.conflicted(result):
-                raise _Conflict(_stale(op))
-        # The outbox entry reserves its version (locking the counter row until
-        # COMMIT), so it goes out together with the COMMIT.
-        written = await session.commit(entry)
+        if db.adapter.checks_batches_in_process:
+            written = await _write_and_commit(session, ops, entry)
+        else:
+            # (After the one statement failed, only one statement per operation
+            # tells which failed.)
+            _check(ops, await _write(db, session, catalog, ops, isolation, combined=abort is None))
+            # The outbox entry reserves its version (locking the counter row
+            # until COMMIT), so it goes out together with the COMMIT.
+            written = await session.commit(entry)
         if entry:
             uow.versionstamp = db.outbox_statements.versionstamp(written)
     except BaseException:
         await _rollback(session)
         raise
+
+
+async def _write_and_commit(
+    session: Session, ops: Sequence[MutationOp], entry: Sequence[CompiledQuery]
+) -> list[QueryResult]:
+    """The operations, then the outbox ``entry`` and COMMIT unless one
+    conflicted: one call where the engine checks results in this process, so
+    the transaction never waits on the event loop between its writes and its
+    COMMIT. The entry's results."""
+    count = len(ops)
+    results = await session.commit(
+        [*(op.query for op in ops), *entry],
+        lambda index, result: index < count and ops[index].conflicted(result),
+    )
+    _check(ops, results[:count])
+    return results[count:]
+
+
+def _check(ops: Sequence[MutationOp], results: Sequence[QueryResult]) -> None:
+    """Raise the conflict of the first operation that matched no row."""
+    for op, result in zip(ops, results, strict=False):  # (a batch may stop early)
+        if op.conflicted(result):
+            raise _Conflict(_stale(op))
 
 
 def _stale(op: MutationOp) -> str:

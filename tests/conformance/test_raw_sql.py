@@ -423,6 +423,33 @@ async def test_cancelling_inside_a_transaction_rolls_it_back(
     assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 1
 
 
+async def test_cancelling_a_commit_batch_before_its_commit_applies_nothing(
+    db: af.Database, tables: Tables
+) -> None:
+    """Statements sent together with COMMIT (one thread hop on SQLite, one
+    multi-statement text on MySQL) are cut short by a cancelled caller up to
+    the COMMIT, and the transaction is rolled back."""
+    table = await make_table(db, tables, {"i": "integer"})
+    started = anyio.current_time()
+    session = await db.checkout()
+    try:
+        await session.begin(None)
+        with anyio.move_on_after(0.3) as scope:
+            await session.commit(
+                [
+                    db.compile(af.sql("INSERT INTO {t} (i) VALUES (1)", t=table)),
+                    db.compile(db.raw(SLOW_QUERY[db.name])),
+                ]
+            )
+        assert scope.cancelled_caught
+    finally:
+        await db.checkin(session)
+    assert anyio.current_time() - started < 5, "cancellation must not wait for the query"
+    assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 0
+    await insert(db, table, {"i": 2})
+    assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 1
+
+
 async def test_errors_are_mapped(db: af.Database, tables: Tables) -> None:
     parent = await make_table(
         db, tables, {"id": "integer PRIMARY KEY", "name": "varchar(5) NOT NULL"}

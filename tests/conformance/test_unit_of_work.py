@@ -341,18 +341,25 @@ async def test_conflict_wins_over_an_error_later_in_the_batch(shop: Env) -> None
 
 
 class SentBatches:
-    """The statements each mutation-phase batch carried to the driver."""
+    """The statements each mutation-phase batch carried to the driver (with
+    COMMIT, where the engine checks the results in this process)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.batches: list[list[str]] = []
-        original = Session.execute_batch
+        execute_batch, commit = Session.execute_batch, Session.commit
 
         async def spying(self_: Session, queries: Any, stop: Any = None) -> Any:
             if self_.in_transaction:  # (the retrieval phase runs outside one)
                 self.batches.append([q.sql for q in queries])
-            return await original(self_, queries, stop)
+            return await execute_batch(self_, queries, stop)
+
+        async def spying_commit(self_: Session, queries: Any = (), stop: Any = None) -> Any:
+            if stop is not None:  # (the writes, checked on the way)
+                self.batches.append([q.sql for q in queries])
+            return await commit(self_, queries, stop)
 
         monkeypatch.setattr(Session, "execute_batch", spying)
+        monkeypatch.setattr(Session, "commit", spying_commit)
 
     def combined(self) -> bool:
         """Whether a phase since the last call went out as one statement (a

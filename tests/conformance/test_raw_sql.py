@@ -450,6 +450,31 @@ async def test_cancelling_a_commit_batch_before_its_commit_applies_nothing(
     assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 1
 
 
+async def test_a_commit_batch_stopped_part_way_leaves_the_transaction_open(
+    db: af.Database, tables: Tables
+) -> None:
+    """``Session.commit`` with a stop point: at the stop, no COMMIT, and the
+    caller's rollback undoes everything; without one, all of it commits."""
+    table = await make_table(db, tables, {"i": "integer"})
+    inserts = [
+        db.compile(af.sql("INSERT INTO {t} (i) VALUES ({i})", t=table, i=i)) for i in (1, 2, 3)
+    ]
+    session = await db.checkout()
+    try:
+        await session.begin(None)
+        results = await session.commit(inserts, lambda index, result: index == 1)
+        assert [r.rows_affected for r in results] == [1, 1]
+        assert session.in_transaction
+        await session.rollback()
+        assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 0
+        await session.begin(None)
+        results = await session.commit(inserts, lambda index, result: result.rows_affected != 1)
+        assert len(results) == 3 and not session.in_transaction
+    finally:
+        await db.checkin(session)
+    assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 3
+
+
 async def test_errors_are_mapped(db: af.Database, tables: Tables) -> None:
     parent = await make_table(
         db, tables, {"id": "integer PRIMARY KEY", "name": "varchar(5) NOT NULL"}

@@ -187,6 +187,23 @@ class DialectAdapter:
     # point runs a transaction's writes, their checks and COMMIT in one call.
     # False: checks wait for the results, and COMMIT goes out after them.
     checks_batches_in_process: bool = False
+    # Statements that stop a batch at a stale operation on the server (see
+    # :class:`StaleGuard`), so that a transaction's writes, their checks, the
+    # outbox entry and COMMIT can go out as one batch. None: the results are
+    # checked here before the entry and COMMIT are sent.
+    stale_guard: StaleGuard | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StaleGuard:
+    """Statements that fail when the statement right before them, in the
+    same batch, matched no row: ``after_write`` follows an UPDATE or DELETE,
+    ``after_read`` a SELECT. Each fails with ``{message}`` (an SQL text
+    literal) in the error's message, and a failing statement ends its batch
+    on the server: what follows it, COMMIT included, does not run."""
+
+    after_write: str
+    after_read: str
 
 
 StopWhen = Callable[[int, QueryResult], bool]

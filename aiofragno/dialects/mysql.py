@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from ..driver import DdlSpec, DialectAdapter, IsolationLevel, StorageProfile
+from ..driver import DdlSpec, DialectAdapter, IsolationLevel, StaleGuard, StorageProfile
 from ..errors import (
     CheckViolation,
     ConnectionLost,
@@ -26,6 +26,18 @@ from .common import isolation_sql, json_param, utc_naive
 SESSION_LOCK_SQL = "SELECT GET_LOCK(%s, 0)"
 # The id of the connection holding a session lock; NULL once that one is gone.
 SESSION_HOLDER_SQL = "SELECT IS_USED_LOCK(%s)"
+
+# A stale-operation guard (StaleGuard): a statement that fails, quoting its
+# message, only when the statement before it matched no row. Neither MySQL nor
+# MariaDB can raise an error of one's own outside a stored program, so this
+# sets the session's time zone to what it is, or to the message, which is no
+# time zone: error 1298, "Unknown or incorrect time zone: '<message>'".
+# ({count}: the rows the statement before matched. ROW_COUNT() counts matched
+# rows, not changed ones, under the FOUND_ROWS client flag; FOUND_ROWS() is
+# the rows the last SELECT returned.)
+_GUARD = (
+    "SET SESSION time_zone = IF({count} = 0, {{message}}, @@SESSION.time_zone)"
+)
 
 ADAPTER = DialectAdapter(
     supports_returning=False,
@@ -52,6 +64,10 @@ ADAPTER = DialectAdapter(
     session_process_sql="SELECT process FROM (SELECT IS_USED_LOCK({session}) AS process) AS s "
     "WHERE process IS NOT NULL",
     end_process_sql="KILL CONNECTION {process}",
+    stale_guard=StaleGuard(
+        after_write=_GUARD.format(count="ROW_COUNT()"),
+        after_read=_GUARD.format(count="FOUND_ROWS()"),
+    ),
     ddl=DdlSpec(
         types={
             # varchar(255) so that string columns can be indexed (3 per key).
@@ -131,6 +147,7 @@ _CODES: dict[str, tuple[type[Error], str]] = {
     "1264": (DataError, "22003"),
     "1366": (DataError, "HY000"),
     "1292": (DataError, "22007"),
+    "1298": (DataError, "HY000"),  # unknown time zone (also: a stale guard, above)
     "3024": (QueryCanceled, "HY000"),  # MySQL max_execution_time
     "1969": (QueryCanceled, "70100"),  # MariaDB max_statement_time
     "1317": (QueryCanceled, "70100"),  # query interrupted

@@ -18,18 +18,13 @@ a stale checked operation then has to abort the statement itself, which
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from itertools import chain
 
 from ..driver import CompiledQuery, QueryCompiler, QueryResult
 from .catalog import Catalog
 from .ops import Check, Create, Delete, MutationOp
-
-# Put in the error that aborts a committing statement at a stale operation,
-# followed by the operation's index.
-STALE = "aiofragno-stale-operation:"
-_STALE_INDEX = re.compile(re.escape(STALE) + r"(\d+)")
+from .stale import STALE
 
 
 def combinable(ops: Sequence[MutationOp]) -> bool:
@@ -78,7 +73,7 @@ def combine_committing(
     (parts of a WITH; ``stamp`` selects the entry's versionstamp from them),
     to be run outside a transaction. A checked operation that matches no row
     aborts it through ``abort`` (``{message}``: an SQL text expression, which
-    will name :data:`STALE` and the operation's index) — see :func:`stale_index`."""
+    will name :data:`~aiofragno.uow.stale.STALE` and the operation's index)."""
     key = ("committing", *(op.query.sql for op in ops))
     text = catalog.sql_cache.get(key)
     if text is None:
@@ -103,13 +98,6 @@ def _guarded_count(op: MutationOp, index: int, abort: str) -> str:
     return (
         f"(SELECT CASE count(*) WHEN 0 THEN {failed} ELSE count(*) END FROM q{index}) AS n{index}"
     )
-
-
-def stale_index(message: str) -> int | None:
-    """The index of the operation that aborted a committing statement, from
-    the error's message; None if the error is another one."""
-    found = _STALE_INDEX.search(message)
-    return None if found is None else int(found.group(1))
 
 
 def _parts(compiler: QueryCompiler, ops: Sequence[MutationOp]) -> tuple[list[str], int]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import runtime
-from ..driver import CompiledQuery, IsolationLevel, QueryResult
+from ..driver import CompiledQuery, IsolationLevel, QueryResult, StaleGuard
 from ..errors import (
     CommitOutcomeUnknown,
     ConcurrencyConflict,
@@ -32,9 +32,10 @@ from ..schema import new_external_id
 from ..session import CLEANUP_TIMEOUT, Session
 from ..sql import Identifier, sql
 from .catalog import Catalog
-from .combine import combinable, combine, combine_committing, split, stale_index
+from .combine import combinable, combine, combine_committing, split
 from .ops import Check, MutationOp
 from .retry import ExponentialBackoff, RetryPolicy
+from .stale import guarded, stale_index
 from .unit import UnitOfWork
 
 if TYPE_CHECKING:
@@ -180,8 +181,11 @@ async def run_mutations(
             return
     await session.begin(isolation)
     try:
+        guard = db.adapter.stale_guard
         if db.adapter.checks_batches_in_process:
             written = await _write_and_commit(session, ops, entry)
+        elif entry and guard is not None:
+            written = await _write_guarded_and_commit(session, ops, entry, guard)
         else:
             # (After the one statement failed, only one statement per operation
             # tells which failed.)
@@ -210,6 +214,27 @@ async def _write_and_commit(
     )
     _check(ops, results[:count])
     return results[count:]
+
+
+async def _write_guarded_and_commit(
+    session: Session, ops: Sequence[MutationOp], entry: Sequence[CompiledQuery], guard: StaleGuard
+) -> list[QueryResult]:
+    """The operations, each checked one followed by its ``guard``, then the
+    outbox ``entry`` and COMMIT, as one batch: one round trip where the
+    driver sends a batch at once, and a stale operation stops the batch on
+    the server before COMMIT. Only with the outbox on: a connection lost on
+    the way makes the whole phase a lost COMMIT, which the entry resolves;
+    without the outbox, a loss before COMMIT is worth keeping apart, since
+    such a phase can simply run again. The entry's results."""
+    queries = guarded(ops, guard)
+    try:
+        results = await session.commit([*queries, *entry])
+    except DataError as exc:
+        index = stale_index(str(exc))
+        if index is None:
+            raise
+        raise _Conflict(_stale(ops[index])) from exc
+    return results[len(queries) :]
 
 
 def _check(ops: Sequence[MutationOp], results: Sequence[QueryResult]) -> None:

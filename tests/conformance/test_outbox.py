@@ -606,6 +606,52 @@ async def test_a_failing_operation_undoes_the_phase_and_its_reservation(
     assert version_of(latest) == version_of(before) + 1
 
 
+async def test_a_phase_and_its_entry_reach_the_database_in_one_call(
+    shop: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the outbox on, a transfer's mutation phase — two checked updates,
+    a check, a create, the entry and COMMIT — is one call on the connection
+    on every backend, so the outbox counter's row lock is never held across
+    a round trip to us: PostgreSQL's one statement committing on its own,
+    MySQL's one multi-statement batch (a stale guard after each checked
+    operation), SQLite's one thread hop. And it commits what it says."""
+    db = shop.db
+    await shop.create("accounts", *({"owner": o, "balance": 100} for o in ("a", "b", "c")))
+    rows = {r["owner"]: r["id"] for r in await shop.find("accounts")}
+    before = await db.outbox.latest()
+    calls: Counter[str] = Counter()
+    counting = False
+    for method in ("execute", "execute_batch", "commit", "execute_committing"):
+        original = getattr(Session, method)
+
+        async def spying(self: Session, *args: Any, _name: str = method, _o: Any = original) -> Any:
+            if counting:
+                calls[_name] += 1
+            return await _o(self, *args)
+
+        monkeypatch.setattr(Session, method, spying)
+
+    def start_counting(uow: af.UnitOfWork) -> None:
+        nonlocal counting
+        counting = True
+
+    async def unit(uow: af.UnitOfWork) -> af.RowId:
+        uow.update("accounts", rows["a"], {"balance": 90}, check=True)
+        uow.update("accounts", rows["b"], {"balance": 110}, check=True)
+        uow.check("accounts", rows["c"])
+        return uow.create("transfers", {"src": rows["a"], "dst": rows["b"], "amount": 10})
+
+    created = await shop.run(unit, hooks=af.UowHooks(before_mutation=start_counting))
+    counting = False
+    assert sum(calls.values()) == 1, calls
+    balances = {r["owner"]: r["balance"] for r in await shop.find("accounts")}
+    assert balances == {"a": 90, "b": 110, "c": 100}
+    assert [str(t["id"]) for t in await shop.find("transfers")] == [str(created)]
+    latest = await db.outbox.latest()
+    assert latest is not None and before is not None
+    assert version_of(latest) == version_of(before) + 1
+
+
 # -- what gets an entry -------------------------------------------------------
 
 

@@ -1,0 +1,45 @@
+"""Stopping a mutation phase at a stale operation on the server, so that its
+writes, their checks and COMMIT need not wait for us in between.
+
+Where the database aborts the phase itself — a failing expression in
+PostgreSQL's one committing statement (``DialectAdapter.abort_sql``), a guard
+statement after each checked operation in MySQL's one batch
+(``DialectAdapter.stale_guard``) — the error's message carries :data:`STALE`
+and the operation's index, which :func:`stale_index` reads back.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+
+from ..driver import CompiledQuery, StaleGuard
+from .ops import Check, MutationOp
+
+STALE = "aiofragno-stale-operation:"
+_STALE_INDEX = re.compile(re.escape(STALE) + r"(\d+)")
+
+
+def stale_index(message: str) -> int | None:
+    """The index of the operation that aborted a phase, from the error's
+    message; None if the error is another one."""
+    found = _STALE_INDEX.search(message)
+    return None if found is None else int(found.group(1))
+
+
+def guarded(ops: Sequence[MutationOp], guard: StaleGuard) -> list[CompiledQuery]:
+    """``ops``' statements, each checked one followed by its guard: run as one
+    batch, the batch ends at the first operation that matched no row."""
+    queries: list[CompiledQuery] = []
+    for index, op in enumerate(ops):
+        queries.append(op.query)
+        if op.checked:
+            queries.append(_guard(guard, isinstance(op, Check), index))
+    return queries
+
+
+@functools.lru_cache(maxsize=256)
+def _guard(guard: StaleGuard, after_read: bool, index: int) -> CompiledQuery:
+    template = guard.after_read if after_read else guard.after_write
+    return CompiledQuery(template.format(message=f"'{STALE}{index}'"))

@@ -49,7 +49,8 @@ class Compiling:
         """A parameter for ``column``: checked and encoded for its type; a
         reference becomes the row's internal id, or a subquery by external id
         when that is not known yet."""
-        info = self.table.column(column)
+        # (Looked up directly on this hot path; .column() explains a miss.)
+        info = self.table.columns.get(column) or self.table.column(column)
         try:
             if info.target is None:
                 self.raw_value(info.encode(value))

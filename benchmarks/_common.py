@@ -290,7 +290,7 @@ def percentile(values: Sequence[float], p: float) -> float:
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     cells = [[_cell(v) for v in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
     print(
         "  ".join(
             h.ljust(w) if i == 0 else h.rjust(w)

@@ -2,14 +2,23 @@
 code and almost no client work on the measured path.
 
 One asyncmy connection loops a transfer-shaped transaction sent as one
-multi-statement round trip (BEGIN, 2 updates, 1 insert, COMMIT) in five
+multi-statement round trip (BEGIN, 2 updates, 1 insert, COMMIT) in these
 shapes: alone; with a plain INSERT of an outbox-sized entry (the cheapest
 entry there is: no version counter); with the counter's reservation (an
 upsert) before that plain INSERT; with the entry taking the reserved version
-from the session (``LAST_INSERT_ID()``, aiofragno since 191c201); and with
-the entry reading it back from the counter row (a subquery, aiofragno
-before). Shapes interleave in ``--rounds``; reported: microseconds per
-transaction (best and median round) and each shape's rate against the first.
+from the session (``LAST_INSERT_ID()``, aiofragno since 191c201); with the
+entry reading it back from the counter row (a subquery, aiofragno before);
+and the last two shapes again with a stale guard after each update
+(aiofragno's outbox phase since b24a64a, and what the guards alone cost).
+Shapes interleave in ``--rounds`` (order reversed every other round).
+
+Reported per shape, as medians over the rounds, in microseconds per
+transaction: wall time, this process's CPU (the driver's work) and the
+server's CPU (read from ``/proc``, see ``cpu_meter``), the CPU each adds to
+"no entry" (paired by round), the rate against "no entry", and the CPU
+ratio (no entry's client + server CPU over the shape's): on a machine whose
+cores the client and the server share, the most throughput a unit with that
+entry can keep of one without it.
 
     python -m benchmarks.outbox_entry_cost [--units 1000] [--rounds 4]
 """
@@ -22,13 +31,16 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiofragno as af
+from aiofragno.dialects import mysql
 
 from . import _common as common
+from .cpu_meter import CpuSample, server_commands
 
 SETUP = [
     "DROP TABLE IF EXISTS cost_accounts, cost_transfers, cost_outbox, cost_settings",
@@ -72,6 +84,12 @@ def _entry(version: str | None) -> str:
     return ENTRY.format(stamp=swap, payload=swap)
 
 
+# aiofragno's stale guard after a write (DialectAdapter.stale_guard).
+GUARD = "; " + mysql.ADAPTER.stale_guard.after_write.format(message="'stale'")  # type: ignore[union-attr]
+GUARDED = UNIT.replace("WHERE id = 1;", "WHERE id = 1" + GUARD + ";").replace(
+    "WHERE id = 2;", "WHERE id = 2" + GUARD + ";"
+)
+
 # name -> (SQL, what its entry binds: None (no entry), "plain" or "swap")
 SHAPES: dict[str, tuple[str, str | None]] = {
     "no entry": (UNIT, None),
@@ -79,6 +97,8 @@ SHAPES: dict[str, tuple[str, str | None]] = {
     "reserve + plain entry": (UNIT + RESERVE + _entry(None), "plain"),
     "reserve + entry, version from session": (UNIT + RESERVE + _entry(FROM_SESSION), "swap"),
     "reserve + entry, version from counter row": (UNIT + RESERVE + _entry(FROM_ROW), "swap"),
+    "guarded, no entry": (GUARDED, None),
+    "guarded + reserve + entry from session": (GUARDED + RESERVE + _entry(FROM_SESSION), "swap"),
 }
 
 
@@ -110,42 +130,83 @@ def _parameters(entry: str | None, payload: str) -> tuple[Any, ...]:
     return (transfer, stand_in + "0000", stand_in, uow_id, payload, stand_in)
 
 
-async def _loop(cursor: Any, shape: str, units: int, payload: str) -> float:
-    """Microseconds per transaction of ``units`` runs of ``shape``."""
+@dataclass(frozen=True)
+class Sample:
+    """One run of a shape, in microseconds per transaction."""
+
+    wall: float
+    client: float
+    server: float | None  # None when the server is not on this machine
+
+    @property
+    def server_us(self) -> float:
+        assert self.server is not None
+        return self.server
+
+
+async def _loop(
+    cursor: Any, shape: str, units: int, payload: str, server: tuple[str, ...]
+) -> Sample:
+    """``units`` runs of ``shape``."""
     statements, entry = SHAPES[shape]
-    started = time.perf_counter()
+    before, started = CpuSample.take(server), time.perf_counter()
     for _ in range(units):
         await cursor.execute(statements + "; COMMIT", _parameters(entry, payload))
         while await cursor.nextset():
             pass
-    return (time.perf_counter() - started) / units * 1e6
+    wall = time.perf_counter() - started
+    used = before.until(CpuSample.take(server))
+    server_us = None if used.server is None else used.server / units * 1e6
+    return Sample(wall / units * 1e6, (used.loop + used.threads) / units * 1e6, server_us)
 
 
 async def measure(url: str, units: int, rounds: int) -> dict[str, Any]:
     import asyncmy
 
+    parsed = common.parse_url(url)
+    server = server_commands("mysql", parsed.host)
     conn = await asyncmy.connect(**common.asyncmy_options(url))
     try:
         async with conn.cursor() as cursor:
             for statement in SETUP:
                 await cursor.execute(statement)
             payload = _payload()
-            runs: dict[str, list[float]] = {shape: [] for shape in SHAPES}
-            for _ in range(rounds):
-                for shape in SHAPES:
-                    runs[shape].append(await _loop(cursor, shape, units, payload))
+            runs: dict[str, list[Sample]] = {shape: [] for shape in SHAPES}
+            for r in range(rounds):
+                for shape in SHAPES if r % 2 == 0 else list(SHAPES)[::-1]:
+                    runs[shape].append(await _loop(cursor, shape, units, payload, server))
             await cursor.execute(SETUP[0])
+            await cursor.execute("SET time_zone = '+00:00'")  # (what the guards set)
     finally:
         conn.close()
-    base = statistics.median(runs["no entry"])
-    return {
-        shape: {
-            "us_best": round(min(times), 1),
-            "us_median": round(statistics.median(times), 1),
-            "rate_vs_no_entry": round(base / statistics.median(times), 3),
-        }
-        for shape, times in runs.items()
+    return {shape: _summary(times, runs["no entry"]) for shape, times in runs.items()}
+
+
+def _summary(times: list[Sample], base: list[Sample]) -> dict[str, Any]:
+    """One shape's medians, and what it adds to ``base`` ("no entry") paired by round."""
+    median = statistics.median
+
+    def added(pick: Callable[[Sample], float]) -> float:
+        return round(median(pick(t) - pick(b) for t, b in zip(times, base, strict=True)), 1)
+
+    wall, client = median(t.wall for t in times), median(t.client for t in times)
+    result: dict[str, Any] = {
+        "us_best": round(min(t.wall for t in times), 1),
+        "us_median": round(wall, 1),
+        "rate_vs_no_entry": round(median(b.wall for b in base) / wall, 3),
+        "client_cpu_us": round(client, 1),
+        "client_cpu_added_us": added(lambda t: t.client),
+        "server_cpu_us": None,
+        "server_cpu_added_us": None,
+        "cpu_ratio_vs_no_entry": None,
     }
+    if all(t.server is not None for t in (*times, *base)):
+        server = median(t.server_us for t in times)
+        base_cpu = median(b.client for b in base) + median(b.server_us for b in base)
+        result["server_cpu_us"] = round(server, 1)
+        result["server_cpu_added_us"] = added(lambda t: t.server_us)
+        result["cpu_ratio_vs_no_entry"] = round(base_cpu / (client + server), 3)
+    return result
 
 
 async def main(argv: Sequence[str] | None = None) -> None:
@@ -161,8 +222,18 @@ async def main(argv: Sequence[str] | None = None) -> None:
             server = await common.server_info(admin)
         results = await measure(target.url, args.units, args.rounds)
     common.print_table(
-        ["transaction", "us best", "us median", "rate vs no entry"],
-        [[shape, *r.values()] for shape, r in results.items()],
+        [
+            "transaction (one round trip)",
+            "us best",
+            "us median",
+            "rate vs no entry",
+            "client CPU us",
+            "added",
+            "server CPU us",
+            "added",
+            "CPU ratio",
+        ],
+        [[shape, *("-" if v is None else v for v in r.values())] for shape, r in results.items()],
     )
     common.write_json(
         args.json or common.default_json_path("outbox_entry_cost"),

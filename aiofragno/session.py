@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -235,6 +236,19 @@ def current_transaction(db: Database) -> Transaction | None:
     while tx is not None and tx.db is not db:
         tx = tx.outer
     return tx
+
+
+@contextmanager
+def outside_transactions() -> Iterator[None]:
+    """Inside this block, queries and ``db.transaction()`` do not join a
+    transaction the caller has open: for aiofragno's own bookkeeping, whose
+    reads and locks must not become part of (and last as long as) the
+    caller's transaction."""
+    token = _current.set(None)
+    try:
+        yield
+    finally:
+        _current.reset(token)
 
 
 class TransactionContext:

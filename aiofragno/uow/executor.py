@@ -29,7 +29,7 @@ from ..outbox.versionstamp import MAX_INDEX
 from ..outbox.writer import entry_values
 from ..resilience import retry_read, shared_deadline
 from ..schema import new_external_id
-from ..session import CLEANUP_TIMEOUT, Session
+from ..session import CLEANUP_TIMEOUT, Session, outside_transactions
 from ..sql import Identifier, sql
 from .catalog import Catalog
 from .combine import combinable, combine, combine_committing, split
@@ -112,7 +112,10 @@ async def committed(db: Database, uow: UnitOfWork, lost: CommitOutcomeUnknown) -
     during COMMIT (``lost``): its outbox entry exists. The lost server session
     is ended first (:mod:`aiofragno.lost_session`), so nothing can commit the
     phase after we looked; the counter row is locked as well, so a commit
-    that finished just now is visible."""
+    that finished just now is visible. All of it on connections of its own,
+    even when the caller has a transaction open: held there, the counter's
+    lock would stop the unit's re-run until the caller — who waits for
+    that re-run — commits."""
     counter = sql(
         "SELECT {v} FROM {t} WHERE {k} = {key}" + db.adapter.row_share_lock,
         v=Identifier("value"),
@@ -141,7 +144,8 @@ async def committed(db: Database, uow: UnitOfWork, lost: CommitOutcomeUnknown) -
             uow.versionstamp = entry.versionstamp
         return entry is not None
 
-    return await retry_read(db.options.reconnect_deadline, look)
+    with outside_transactions():
+        return await retry_read(db.options.reconnect_deadline, look)
 
 
 async def run_mutations(

@@ -566,6 +566,29 @@ async def test_commit_never_reached_server_with_outbox(server: Server, bank: Ban
     await audit(load, strict=True)
 
 
+async def test_lost_commit_resolved_inside_a_callers_transaction(
+    server: Server, bank: Bank
+) -> None:
+    """A unit run while the caller holds a ``db.transaction()`` of the same
+    Database, whose COMMIT never reaches the server: the executor's look-up
+    (end the lost session, lock the outbox counter, find the entry) must not
+    join the caller's transaction — there its share lock on the counter
+    would last until the caller commits, and the unit's re-run, which needs
+    that row, would wait for a caller who waits for it. Re-run, applied
+    once; the caller's transaction commits afterwards."""
+    async with server.proxied(pool_size=3, outbox=True) as (proxy, db):
+        load = Load(bank, db)
+        proxy.drop_after(outbox_commit(bank, 0), forward=False)
+        with anyio.fail_after(TEST_LIMIT):
+            async with db.transaction() as tx:
+                await tx.fetch(af.sql("SELECT 1 AS one"))  # (opened on the server)
+                outcome = await load.run(0)
+        assert proxy.drops == 1, "the fault was not injected"
+        assert isinstance(outcome, af.RowId), outcome
+        assert load.calls[0] == 2
+    await audit(load, strict=True)
+
+
 async def test_commit_never_reached_server_without_outbox(server: Server, bank: Bank) -> None:
     """The same without the outbox: the client cannot tell this from a lost
     reply, so it reports CommitOutcomeUnknown and re-runs nothing — and

@@ -231,6 +231,30 @@ async def test_transfer_scenario_from_the_design(shop: Env) -> None:
     assert (row["src"], row["dst"], row["amount"]) == (alice["id"], bob["id"], 5)
 
 
+async def test_a_unit_inside_a_callers_transaction_commits_on_its_own(shop: Env) -> None:
+    """``execute_uow`` does not join a ``db.transaction()`` open in the same
+    task: the unit runs and commits on a connection of its own, so rolling
+    the caller's transaction back keeps the unit's writes and undoes only the
+    caller's. It does wait for the locks the caller's transaction holds
+    (SQLite's one writer among them, once that transaction ran a statement)."""
+    db = shop.db
+    if db.name == "sqlite":
+        pytest.skip("one writer: a unit inside an open transaction waits for it")
+    ids = await seed_accounts(shop, "alice")
+    accounts = db.layout(SHOP, shop.namespace).table("accounts").identifier
+    with pytest.raises(RuntimeError, match="the caller's"):
+        async with db.transaction() as tx:
+            # (By the unique id: a record lock only, no InnoDB gap lock that
+            # the unit's insert would have to wait for.)
+            touch = "UPDATE {t} SET note = 'caller' WHERE id = {id}"
+            await tx.execute(af.sql(touch, t=accounts, id=str(ids["alice"])))
+            [bob] = await shop.create("accounts", {"owner": "bob"})
+            raise RuntimeError("roll back the caller's transaction")
+    alice, found = await read_account(shop, "alice"), await read_account(shop, "bob")
+    assert alice is not None and alice["note"] is None
+    assert found is not None and found["id"] == bob
+
+
 async def test_version_bump_on_update(shop: Env) -> None:
     ids = await seed_accounts(shop, "alice")
     first = ids["alice"]

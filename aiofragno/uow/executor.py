@@ -234,10 +234,10 @@ async def _write_guarded_and_commit(
     try:
         results = await session.commit([*queries, *entry])
     except DataError as exc:
-        index = stale_index(str(exc))
-        if index is None:
+        conflict = _stale_conflict(ops, exc)
+        if conflict is None:
             raise
-        raise _Conflict(_stale(ops[index])) from exc
+        raise conflict from exc
     return results[len(queries) :]
 
 
@@ -246,6 +246,13 @@ def _check(ops: Sequence[MutationOp], results: Sequence[QueryResult]) -> None:
     for op, result in zip(ops, results, strict=False):  # (a batch may stop early)
         if op.conflicted(result):
             raise _Conflict(_stale(op))
+
+
+def _stale_conflict(ops: Sequence[MutationOp], exc: DataError) -> _Conflict | None:
+    """The conflict of the operation whose stale check the database aborted
+    with ``exc`` (:mod:`.stale`), or None if ``exc`` is another error."""
+    index = stale_index(str(exc))
+    return None if index is None else _Conflict(_stale(ops[index]))
 
 
 def _stale(op: MutationOp) -> str:
@@ -280,10 +287,10 @@ async def _commit_alone(
     try:
         result = await session.execute_committing(query)
     except DataError as exc:
-        index = stale_index(str(exc))
-        if index is None:
+        conflict = _stale_conflict(ops, exc)
+        if conflict is None:
             return False
-        raise _Conflict(_stale(ops[index])) from exc
+        raise conflict from exc
     except (IntegrityError, ProgrammingError):
         return False
     uow.versionstamp = str(result.rows[0]["stamp"])

@@ -35,9 +35,7 @@ SESSION_HOLDER_SQL = "SELECT IS_USED_LOCK(%s)"
 # ({count}: the rows the statement before matched. ROW_COUNT() counts matched
 # rows, not changed ones, under the FOUND_ROWS client flag; FOUND_ROWS() is
 # the rows the last SELECT returned.)
-_GUARD = (
-    "SET SESSION time_zone = IF({count} = 0, {{message}}, @@SESSION.time_zone)"
-)
+_GUARD = "SET SESSION time_zone = IF({count} = 0, {{message}}, @@SESSION.time_zone)"
 
 ADAPTER = DialectAdapter(
     supports_returning=False,

@@ -46,29 +46,21 @@ class Compiling:
             self.parts.append(self.catalog.compiler.placeholder(len(self.params)))
 
     def value(self, column: str, value: Any) -> None:
-        """A parameter for ``column``: checked and encoded for its type; a
-        reference becomes the row's internal id, or a subquery by external id
-        when that is not known yet."""
-        # (Looked up directly on this hot path; .column() explains a miss.)
-        info = self.table.columns.get(column) or self.table.column(column)
-        try:
-            if info.target is None:
-                self.raw_value(info.encode(value))
-                return
-            self.reference(info.target, value)
-        except ValidationError as exc:
-            raise ValidationError(f"{self.table.name}.{column}: {exc}") from None
-
-    def reference(self, target: str, value: Any) -> None:
-        internal = getattr(value, "internal_id", None)
-        self.signature.append(internal is None)
-        if internal is not None:
-            self.raw_value(internal)
+        """A parameter for ``column`` (see :func:`bind`); a reference looked up
+        by external id becomes a subquery for the row's internal id."""
+        param = bind(self.table, column, value)
+        target = self.table.columns[column].target
+        if target is None:
+            self.raw_value(param)
             return
-        if not isinstance(value, str):
-            raise ValidationError(
-                f"a reference takes a RowId or an id string, got {type(value).__name__}"
-            )
+        looked_up = type(param) is str
+        self.signature.append(looked_up)
+        if looked_up:
+            self.lookup(target, param)
+        else:
+            self.raw_value(param)
+
+    def lookup(self, target: str, external_id: str) -> None:
         quote = self.catalog.compiler.quote_identifier
         # -1 is no row's id: an unknown external id fails the foreign key
         # instead of becoming a silent NULL.
@@ -76,12 +68,34 @@ class Compiling:
             f"COALESCE((SELECT {quote(INTERNAL_ID)} FROM {self.catalog.sql_name(target)} "
             f"WHERE {quote('id')} = "
         )
-        self.raw_value(str(value))
+        self.raw_value(external_id)
         self.text("), -1)")
 
     def check_text_column(self, column: str, operation: str) -> None:
         if self.table.column(column).kind not in _TEXT_KINDS:
             raise ValidationError(f"{self.table.name}.{column}: {operation} needs a string column")
+
+
+def bind(table: TableInfo, column: str, value: Any) -> Any:
+    """``value`` as the parameter of ``column``: checked and encoded for the
+    column's type. A reference's parameter is the row's internal id (an int)
+    where ``value`` carries it, else the external id (a str), by which the
+    statement has to look the row up."""
+    # (Looked up directly on this hot path; .column() explains a miss.)
+    info = table.columns.get(column) or table.column(column)
+    try:
+        if info.target is None:
+            return info.encode(value)
+        internal = getattr(value, "internal_id", None)
+        if internal is not None:
+            return internal
+        if not isinstance(value, str):
+            raise ValidationError(
+                f"a reference takes a RowId or an id string, got {type(value).__name__}"
+            )
+        return str(value)
+    except ValidationError as exc:
+        raise ValidationError(f"{table.name}.{column}: {exc}") from None
 
 
 def row_id(value: Any, *, table: str, need_version: bool) -> RowId | str:

@@ -1,9 +1,12 @@
 """The operations of a unit of work and how each compiles to SQL.
 
-Every operation compiles in two steps: a walk that checks and encodes its
-values into parameters, then SQL text taken from the catalog's cache, keyed by
-the operation's shape (table, columns, operators, directions); the text is
-built only on a cache miss.
+Every operation compiles to parameters (its values checked and encoded) and
+SQL text taken from the catalog's cache, keyed by the operation's shape
+(table, columns, operators, directions, how references resolve); the text is
+rendered only on a cache miss. A read finds its parameters by a walk of its
+condition that skips the text; a write's parameters are its values in column
+order, bound directly (:func:`_bind_values`), in the order its render would
+bind them.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from ..driver import CompiledQuery, QueryResult
 from ..errors import ValidationError
 from ..schema import EXTERNAL_ID, INTERNAL_ID, VERSION, RowId, new_external_id
 from .catalog import Catalog, TableInfo
-from .context import Compiling, row_id
+from .context import Compiling, bind, row_id
 from .expr import Expr, where_expr
 
 _NOT_RETRIEVED = object()
@@ -29,15 +32,46 @@ _NOT_RETRIEVED = object()
 def compile_cached(
     catalog: Catalog, table: TableInfo, shape: Any, render: Callable[[Compiling], None]
 ) -> CompiledQuery:
+    """``render``'s statement: its parameters from a walk that skips the text,
+    the text from the cache (rendered on a miss)."""
     ctx = Compiling(catalog, table, build_text=False)
     render(ctx)
     key = (table.name, shape, tuple(ctx.signature))
+    return CompiledQuery(cached_text(catalog, table, key, render), tuple(ctx.params))
+
+
+def cached_text(
+    catalog: Catalog, table: TableInfo, key: Any, render: Callable[[Compiling], None]
+) -> str:
     text = catalog.sql_cache.get(key)
     if text is None:
         built = Compiling(catalog, table, build_text=True)
         render(built)
         text = catalog.sql_cache[key] = built.sql()
-    return CompiledQuery(text, tuple(ctx.params))
+    return text
+
+
+def _bind_values(
+    table: TableInfo, values: Mapping[str, Any], *, bind_nulls: bool
+) -> tuple[list[Any], tuple[bool, ...]]:
+    """The parameters of ``values`` in order, the way a render walk would bind
+    them, without the walk: a None is a parameter of its own only with
+    ``bind_nulls`` (else the text says NULL). Also, for each reference bound,
+    whether its row is looked up by external id, which changes the text (the
+    walk's signature)."""
+    params: list[Any] = []
+    lookups: list[bool] = []
+    columns = table.columns
+    for name, value in values.items():
+        if value is None:
+            if bind_nulls:
+                params.append(None)
+            continue
+        param = bind(table, name, value)
+        if columns[name].target is not None:
+            lookups.append(type(param) is str)
+        params.append(param)
+    return params, tuple(lookups)
 
 
 class FindResult(list[dict[str, Any]]):
@@ -312,22 +346,21 @@ class Create(MutationOp):
             complete[name] = value
         super().__init__(table, RowId(new_external_id(), 0))
         self.values = complete
-        names = tuple(complete)
-        self.query = compile_cached(catalog, table, ("create", names), self.render)
+        params, lookups = _bind_values(table, complete, bind_nulls=True)
+        key = (table.name, ("create", tuple(complete)), lookups)
+        text = cached_text(catalog, table, key, self.render)
+        self.query = CompiledQuery(text, (str(self.target), *params))
 
     def render(self, ctx: Compiling) -> None:
         table = self.table
-        if ctx.build_text:
-            columns = [
-                table.columns[EXTERNAL_ID].quoted,
-                *(table.columns[n].quoted for n in self.values),
-            ]
-            ctx.text(f"INSERT INTO {table.sql_name} ({', '.join(columns)}) VALUES (")
+        columns = [
+            table.columns[EXTERNAL_ID].quoted,
+            *(table.columns[n].quoted for n in self.values),
+        ]
+        ctx.text(f"INSERT INTO {table.sql_name} ({', '.join(columns)}) VALUES (")
         ctx.raw_value(str(self.target))
-        build = ctx.build_text
         for name, value in self.values.items():
-            if build:
-                ctx.text(", ")
+            ctx.text(", ")
             if value is None:
                 ctx.raw_value(None)
             else:
@@ -355,37 +388,37 @@ class Update(MutationOp):
             column = table.columns[name].column
             if column is not None and not column.nullable:
                 raise ValidationError(f"{table.name}.{name} is NOT NULL: cannot set it to None")
-        shape = ("update", tuple(self.values), nulls, check)
-        self.query = compile_cached(catalog, table, shape, self.render)
+        params, lookups = _bind_values(table, self.values, bind_nulls=False)
+        key = (table.name, ("update", tuple(self.values), nulls, check), lookups)
+        text = cached_text(catalog, table, key, self.render)
+        self.query = CompiledQuery(text, (*params, *_target_params(self.target, check)))
 
     def render(self, ctx: Compiling) -> None:
         table = self.table
-        build = ctx.build_text
-        if build:
-            ctx.text(f"UPDATE {table.sql_name} SET ")
+        ctx.text(f"UPDATE {table.sql_name} SET ")
         for name, value in self.values.items():
-            if build:
-                ctx.text(f"{table.columns[name].quoted} = ")
+            ctx.text(f"{table.columns[name].quoted} = ")
             if value is None:
                 ctx.text("NULL")
             else:
                 ctx.value(name, value)
-            if build:
-                ctx.text(", ")
-        if build:
-            version = ctx.catalog.compiler.quote_identifier(VERSION)
-            ctx.text(f"{version} = {version} + 1")
+            ctx.text(", ")
+        version = ctx.catalog.compiler.quote_identifier(VERSION)
+        ctx.text(f"{version} = {version} + 1")
         _render_target(ctx, self.target, self.checked)
+
+
+def _target_params(target: RowId | str, checked: bool) -> tuple[Any, ...]:
+    """The parameters :func:`_render_target` binds."""
+    return (str(target), getattr(target, "version", None)) if checked else (str(target),)
 
 
 def _render_target(ctx: Compiling, target: RowId | str, checked: bool) -> None:
     quote = ctx.catalog.compiler.quote_identifier
-    if ctx.build_text:
-        ctx.text(f" WHERE {quote(EXTERNAL_ID)} = ")
+    ctx.text(f" WHERE {quote(EXTERNAL_ID)} = ")
     ctx.raw_value(str(target))
     if checked:
-        if ctx.build_text:
-            ctx.text(f" AND {quote(VERSION)} = ")
+        ctx.text(f" AND {quote(VERSION)} = ")
         ctx.raw_value(getattr(target, "version", None))
 
 
@@ -395,7 +428,8 @@ class Delete(MutationOp):
     def __init__(self, catalog: Catalog, table: TableInfo, target: Any, check: bool) -> None:
         super().__init__(table, row_id(target, table=table.name, need_version=check))
         self.checked = check
-        self.query = compile_cached(catalog, table, ("delete", check), self.render)
+        text = cached_text(catalog, table, (table.name, ("delete", check), ()), self.render)
+        self.query = CompiledQuery(text, _target_params(self.target, check))
 
     def render(self, ctx: Compiling) -> None:
         ctx.text(f"DELETE FROM {self.table.sql_name}")
@@ -408,7 +442,8 @@ class Check(MutationOp):
 
     def __init__(self, catalog: Catalog, table: TableInfo, target: Any) -> None:
         super().__init__(table, row_id(target, table=table.name, need_version=True))
-        self.query = compile_cached(catalog, table, ("check",), self.render)
+        text = cached_text(catalog, table, (table.name, ("check",), ()), self.render)
+        self.query = CompiledQuery(text, _target_params(self.target, True))
 
     def render(self, ctx: Compiling) -> None:
         ctx.text(f"SELECT 1 FROM {self.table.sql_name}")

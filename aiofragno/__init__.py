@@ -31,6 +31,7 @@ from .errors import (
     TransactionConflict,
     UniqueViolation,
     ValidationError,
+    WouldDeadlock,
 )
 from .migrate import MigrationResult
 from .outbox import Consumer, ConsumerHalted, DeadLetter, OutboxEntry
@@ -95,6 +96,7 @@ __all__ = [
     "UnitOfWork",
     "UowHooks",
     "ValidationError",
+    "WouldDeadlock",
     "c",
     "connect",
     "sql",

@@ -187,6 +187,10 @@ class DialectAdapter:
     # point runs a transaction's writes, their checks and COMMIT in one call.
     # False: checks wait for the results, and COMMIT goes out after them.
     checks_batches_in_process: bool = False
+    # The database has one writer at a time, and a transaction holds it from
+    # BEGIN to its end: a unit of work's writes cannot run while the same
+    # task has a transaction open, which would wait for itself.
+    one_writer: bool = False
     # Statements that stop a batch at a stale operation on the server (see
     # :class:`StaleGuard`), so that a transaction's writes, their checks, the
     # outbox entry and COMMIT can go out as one batch. None: the results are

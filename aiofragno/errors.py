@@ -53,6 +53,13 @@ class PoolTimeout(Error):
     or shorten what holds connections (long transactions)."""
 
 
+class WouldDeadlock(Error):
+    """The call would wait for a lock that the calling task itself holds, so
+    it was refused before writing anything (e.g. a unit of work's writes
+    inside a ``db.transaction()`` on SQLite, whose one writer that
+    transaction holds)."""
+
+
 class DatabaseError(Error):
     """An error reported by the database or its driver.
 

@@ -79,6 +79,7 @@ _BASE = DialectAdapter(
     rows_array_sql=None,  # (the driver sends a batch in one round trip)
     abort_sql=None,
     checks_batches_in_process=True,
+    one_writer=True,
     storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),
     ddl=DdlSpec(
         types={

@@ -21,6 +21,7 @@ from ..errors import (
     SessionStillRunning,
     TransactionConflict,
     ValidationError,
+    WouldDeadlock,
 )
 from ..lost_session import end_session
 from ..migrate import SETTINGS_TABLE
@@ -29,7 +30,7 @@ from ..outbox.versionstamp import MAX_INDEX
 from ..outbox.writer import entry_values
 from ..resilience import retry_read, shared_deadline
 from ..schema import new_external_id
-from ..session import CLEANUP_TIMEOUT, Session, outside_transactions
+from ..session import CLEANUP_TIMEOUT, Session, current_transaction, outside_transactions
 from ..sql import Identifier, sql
 from .catalog import Catalog
 from .combine import combinable, combine, combine_committing, split
@@ -146,6 +147,17 @@ async def committed(db: Database, uow: UnitOfWork, lost: CommitOutcomeUnknown) -
 
     with outside_transactions():
         return await retry_read(db.options.reconnect_deadline, look)
+
+
+def _check_not_waiting_for_itself(db: Database) -> None:
+    if db.adapter.one_writer and current_transaction(db) is not None:
+        raise WouldDeadlock(
+            f"this unit of work has writes, and a db.transaction() is open in this task: "
+            f"on {db.name} that transaction holds the database's one writer until it ends, "
+            "and the unit's mutation phase, which commits on a connection of its own, could "
+            "only wait for it; nothing was written. Run the unit after the transaction, or "
+            "make these writes part of the transaction with tx.execute()"
+        )
 
 
 async def run_mutations(
@@ -367,6 +379,7 @@ async def execute_uow(
                     if not uow.mutations:
                         db.stats.units += 1
                         return value
+                    _check_not_waiting_for_itself(db)
                     await _call(hooks.before_mutation, uow)
                     await run_mutations(db, held, uow, catalog, isolation, notify)
                 finally:

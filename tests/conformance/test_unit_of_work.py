@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from decimal import Decimal
@@ -236,10 +237,10 @@ async def test_a_unit_inside_a_callers_transaction_commits_on_its_own(shop: Env)
     task: the unit runs and commits on a connection of its own, so rolling
     the caller's transaction back keeps the unit's writes and undoes only the
     caller's. It does wait for the locks the caller's transaction holds
-    (SQLite's one writer among them, once that transaction ran a statement)."""
+    (on SQLite the unit is refused instead: see the next test)."""
     db = shop.db
-    if db.name == "sqlite":
-        pytest.skip("one writer: a unit inside an open transaction waits for it")
+    if db.adapter.one_writer:
+        pytest.skip("one writer: a unit with writes inside a transaction is refused")
     ids = await seed_accounts(shop, "alice")
     accounts = db.layout(SHOP, shop.namespace).table("accounts").identifier
     with pytest.raises(RuntimeError, match="the caller's"):
@@ -253,6 +254,47 @@ async def test_a_unit_inside_a_callers_transaction_commits_on_its_own(shop: Env)
     alice, found = await read_account(shop, "alice"), await read_account(shop, "bob")
     assert alice is not None and alice["note"] is None
     assert found is not None and found["id"] == bob
+
+
+async def test_writes_inside_a_callers_transaction_are_refused_on_one_writer(
+    shop: Env,
+) -> None:
+    """Where a transaction holds the database's one writer from BEGIN on
+    (SQLite), a unit's mutation phase inside a ``db.transaction()`` of the
+    same task could only wait for that transaction (until ``busy_timeout``,
+    then again on every retry): it is refused at once with WouldDeadlock,
+    before anything is written; its reads still run, and the caller's
+    transaction goes on and commits."""
+    db = shop.db
+    if not db.adapter.one_writer:
+        pytest.skip("writers do not wait for a transaction that wrote nothing")
+    ids = await seed_accounts(shop, "alice")
+    accounts = db.layout(SHOP, shop.namespace).table("accounts").identifier
+    seen: list[Any] = []
+
+    async def rename(uow: af.UnitOfWork) -> None:
+        row = uow.find_first("accounts", where={"owner": "alice"})
+        await uow.retrieve()
+        seen.append(row.result["id"])
+        uow.update("accounts", row.result["id"], {"note": "unit"}, check=True)
+
+    async def read(uow: af.UnitOfWork) -> int:
+        count = uow.count("accounts")
+        await uow.retrieve()
+        return int(count.result)
+
+    started = time.monotonic()
+    async with db.transaction() as tx:
+        with pytest.raises(af.WouldDeadlock, match="db.transaction"):
+            await shop.run(rename)
+        assert await shop.run(read) == 1
+        touch = "UPDATE {t} SET note = 'caller' WHERE id = {id}"
+        await tx.execute(af.sql(touch, t=accounts, id=str(ids["alice"])))
+    assert time.monotonic() - started < db.options.busy_timeout
+    assert seen == [ids["alice"]]  # the reads ran, once: a refusal is not retried
+    alice = await read_account(shop, "alice")
+    assert alice is not None and alice["note"] == "caller"
+    assert alice["id"].version == ids["alice"].version
 
 
 async def test_version_bump_on_update(shop: Env) -> None:

@@ -76,14 +76,10 @@ async def _measure(
             for v in variants if r % 2 == 0 else variants[::-1]:
                 await common.reset(admin)
                 before = await _wal_syncs(admin)
-                seconds, _, conflicts, cpu = await run(v, work, args.concurrency, server)
+                seconds, latencies, conflicts, cpu = await run(v, work, args.concurrency, server)
                 flushes[v.name] += await _wal_syncs(admin) - before
                 await common.verify(admin, len(work), outbox=v.outbox)
-                m = measured[v.name]
-                m.seconds += seconds
-                m.cpu += cpu
-                m.units += len(work)
-                m.conflicts += conflicts
+                measured[v.name].add(len(work), seconds, latencies, conflicts, cpu)
     finally:
         for v in variants:
             with contextlib.suppress(Exception):

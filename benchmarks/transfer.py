@@ -652,6 +652,24 @@ class Measured:
     latencies: list[float] = field(default_factory=list)
     rounds: list[dict[str, Any]] = field(default_factory=list)
 
+    def add(
+        self, units: int, seconds: float, latencies: list[float], conflicts: int, cpu: CpuUsed
+    ) -> None:
+        """One round's run."""
+        self.seconds += seconds
+        self.cpu += cpu
+        self.units += units
+        self.conflicts += conflicts
+        self.latencies += latencies
+        self.rounds.append(
+            {
+                "units": units,
+                "seconds": round(seconds, 4),
+                "units_per_s": round(units / seconds, 1),
+                "conflicts": conflicts,
+            }
+        )
+
     @property
     def rate(self) -> float:
         return self.units / self.seconds if self.seconds else math.nan
@@ -739,20 +757,7 @@ async def bench_target(
                     gc.collect()
                     seconds, latencies, conflicts, cpu = await run(v, work, concurrency, server)
                     await common.verify(admin, len(work), outbox=v.outbox)
-                    m = measured[v.name]
-                    m.seconds += seconds
-                    m.cpu += cpu
-                    m.units += len(work)
-                    m.conflicts += conflicts
-                    m.latencies += latencies
-                    m.rounds.append(
-                        {
-                            "units": len(work),
-                            "seconds": round(seconds, 4),
-                            "units_per_s": round(len(work) / seconds, 1),
-                            "conflicts": conflicts,
-                        }
-                    )
+                    measured[v.name].add(len(work), seconds, latencies, conflicts, cpu)
             rows = [m.summary() for m in measured.values()]
             found = report(target, concurrency, per_round * args.rounds, args.rounds, rows)
             results += [{"backend": target.dialect, "concurrency": concurrency, **r} for r in rows]

@@ -53,25 +53,28 @@ def cached_text(
 
 def _bind_values(
     table: TableInfo, values: Mapping[str, Any], *, bind_nulls: bool
-) -> tuple[list[Any], tuple[bool, ...]]:
+) -> tuple[list[Any], tuple[bool | None, ...]]:
     """The parameters of ``values`` in order, the way a render walk would bind
     them, without the walk: a None is a parameter of its own only with
-    ``bind_nulls`` (else the text says NULL). Also, for each reference bound,
-    whether its row is looked up by external id, which changes the text (the
-    walk's signature)."""
+    ``bind_nulls`` (else the text says NULL). Also, for each reference, what
+    its text is: None for a NULL, else whether its row is looked up by
+    external id (a subquery) rather than given by internal id — part of the
+    key the text is cached by."""
     params: list[Any] = []
-    lookups: list[bool] = []
+    references: list[bool | None] = []
     columns = table.columns
     for name, value in values.items():
         if value is None:
             if bind_nulls:
                 params.append(None)
+            if columns[name].target is not None:
+                references.append(None)
             continue
         param = bind(table, name, value)
         if columns[name].target is not None:
-            lookups.append(type(param) is str)
+            references.append(type(param) is str)
         params.append(param)
-    return params, tuple(lookups)
+    return params, tuple(references)
 
 
 class FindResult(list[dict[str, Any]]):
@@ -346,8 +349,8 @@ class Create(MutationOp):
             complete[name] = value
         super().__init__(table, RowId(new_external_id(), 0))
         self.values = complete
-        params, lookups = _bind_values(table, complete, bind_nulls=True)
-        key = (table.name, ("create", tuple(complete)), lookups)
+        params, references = _bind_values(table, complete, bind_nulls=True)
+        key = (table.name, ("create", tuple(complete)), references)
         text = cached_text(catalog, table, key, self.render)
         self.query = CompiledQuery(text, (str(self.target), *params))
 
@@ -388,8 +391,8 @@ class Update(MutationOp):
             column = table.columns[name].column
             if column is not None and not column.nullable:
                 raise ValidationError(f"{table.name}.{name} is NOT NULL: cannot set it to None")
-        params, lookups = _bind_values(table, self.values, bind_nulls=False)
-        key = (table.name, ("update", tuple(self.values), nulls, check), lookups)
+        params, references = _bind_values(table, self.values, bind_nulls=False)
+        key = (table.name, ("update", tuple(self.values), nulls, check), references)
         text = cached_text(catalog, table, key, self.render)
         self.query = CompiledQuery(text, (*params, *_target_params(self.target, check)))
 

@@ -66,6 +66,17 @@ TREE = af.Schema(
     ),
 )
 
+LINKS = af.Schema(
+    "links",
+    af.Table("targets", af.Column("name", "string")),
+    af.Table(
+        "links",
+        af.Column("label", "string"),
+        af.Reference("a", "targets", nullable=True),
+        af.Reference("b", "targets", nullable=True),
+    ),
+)
+
 Unit = Callable[[af.UnitOfWork], Awaitable[Any]]
 
 
@@ -1511,6 +1522,27 @@ async def test_reference_to_nonexistent_internal_id(shop: Env) -> None:
     with pytest.raises(af.ForeignKeyViolation):
         await shop.run(unit)
     assert await shop.snapshot() == before
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+async def test_creates_with_their_null_reference_in_another_column(
+    make_env: MakeEnv, first: str
+) -> None:
+    """A create's SQL text depends on which references are NULL and which
+    are looked up by external id: {a: None, b: "<id>"} and {a: "<id>",
+    b: None} have different texts, and neither may be served the other's
+    from the cache (it bound the id string to the internal-id column)."""
+    env = await make_env(LINKS)
+    [target] = await env.create("targets", {"name": "t"})
+    other = "b" if first == "a" else "a"
+    by_id = str(target)  # an id string: looked up by external id
+    await env.create("links", {"label": "one", first: None, other: by_id})
+    await env.create("links", {"label": "two", first: by_id, other: None})
+    await env.create("links", {"label": "three", first: target, other: by_id})
+    rows = {row["label"]: row for row in await env.find("links")}
+    assert (rows["one"][first], rows["one"][other]) == (None, target)
+    assert (rows["two"][first], rows["two"][other]) == (target, None)
+    assert (rows["three"][first], rows["three"][other]) == (target, target)
 
 
 async def test_self_reference_created_in_same_unit(make_env: MakeEnv) -> None:

@@ -53,6 +53,11 @@ class PoolTimeout(Error):
     or shorten what holds connections (long transactions)."""
 
 
+class TransactionClosed(Error):
+    """A ``db.transaction()`` was used after it ended (committed or rolled
+    back): nothing was sent."""
+
+
 class WouldDeadlock(Error):
     """The call would wait for a lock that the calling task itself holds, so
     it was refused before writing anything (e.g. a unit of work's writes

@@ -26,7 +26,7 @@ from .driver import (
     StopWhen,
     stopped,
 )
-from .errors import CommitOutcomeUnknown, ConnectionLost, Error
+from .errors import CommitOutcomeUnknown, ConnectionLost, Error, TransactionClosed
 
 if TYPE_CHECKING:
     from .database import Database
@@ -209,17 +209,27 @@ class Queries(ABC):
 class Transaction(Queries):
     """An open transaction: run queries in it, or nest a savepoint with
     ``async with tx.transaction():``. Operations from several tasks sharing it
-    are serialized (one connection runs one statement at a time)."""
+    are serialized (one connection runs one statement at a time), and its
+    COMMIT or ROLLBACK waits for the one running. Once it has ended, using
+    it raises :class:`~aiofragno.errors.TransactionClosed`, and tasks that
+    were started inside it no longer join it."""
 
     def __init__(self, db: Database, session: Session, outer: Transaction | None) -> None:
         self.db = db
         self.session = session
         self.outer = outer  # the enclosing transaction in this context, of any Database
+        self.ended = False
         self._lock = runtime.Lock()
 
     async def _run(self, query: Any) -> QueryResult:
         compiled = self.db.compile(query)
         async with self._lock:
+            if self.ended:
+                raise TransactionClosed(
+                    "this transaction has ended (committed or rolled back), and its connection "
+                    "went back to the pool; run the query on the Database, or in a new "
+                    "db.transaction()"
+                )
             return await self.session.execute(compiled)
 
     def transaction(self) -> TransactionContext:
@@ -231,9 +241,11 @@ _current: ContextVar[Transaction | None] = ContextVar("aiofragno_transaction", d
 
 
 def current_transaction(db: Database) -> Transaction | None:
-    """The innermost transaction of ``db`` open in this context, if any."""
+    """The innermost transaction of ``db`` open in this context, if any (a
+    task started inside a transaction inherits the context, and may outlive
+    the transaction)."""
     tx = _current.get()
-    while tx is not None and tx.db is not db:
+    while tx is not None and (tx.db is not db or tx.ended):
         tx = tx.outer
     return tx
 
@@ -297,12 +309,17 @@ class TransactionContext:
             await self._end_savepoint(tx, failed=exc is not None)
             return
         _current.reset(self._token)
+        tx.ended = True  # (from now on, other tasks' statements are refused)
         try:
+            # COMMIT or ROLLBACK waits for a statement another task runs in it.
             if exc is None:
-                await tx.session.commit()
+                async with tx._lock:
+                    await tx.session.commit()
             elif not (tx.session.broken or tx.session.interrupted):
                 # (An interrupted connection is reset or discarded by checkin.)
-                await _rollback_quietly(tx.session, tx.session.rollback)
+                with runtime.shielded(CLEANUP_TIMEOUT):
+                    async with tx._lock:
+                        await _rollback_quietly(tx.session, tx.session.rollback)
         finally:
             await self._db.checkin(tx.session)
 

@@ -311,6 +311,49 @@ async def test_transaction_commits(db: af.Database, tables: Tables) -> None:
     assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 2
 
 
+async def test_a_transaction_used_after_it_ended_is_refused(
+    db: af.Database, tables: Tables
+) -> None:
+    """Its connection went back to the pool when it ended: a statement on
+    the handle afterwards raises TransactionClosed, and sends nothing."""
+    table = await make_table(db, tables, {"i": "integer"})
+    async with db.transaction() as tx:
+        await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (1)", t=table))
+    with pytest.raises(af.TransactionClosed, match="has ended"):
+        await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (2)", t=table))
+    with pytest.raises(af.TransactionClosed):
+        async with tx.transaction():  # a savepoint of it
+            pass
+    assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 1
+
+
+async def test_a_task_started_in_a_transaction_leaves_it_when_it_ends(
+    db: af.Database, tables: Tables
+) -> None:
+    """A task started inside ``db.transaction()`` inherits it (the context
+    is copied); once the transaction has ended, the task's queries and
+    transactions are its own — not a savepoint of the ended transaction on a
+    connection that is back in the pool."""
+    table = await make_table(db, tables, {"i": "integer"})
+    ended = anyio.Event()
+    seen: list[Any] = []
+
+    async def late() -> None:
+        await ended.wait()
+        async with db.transaction() as own:
+            seen.append(own)
+            await own.execute(af.sql("INSERT INTO {t} (i) VALUES (2)", t=table))
+        seen.append(await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)))
+
+    async with anyio.create_task_group() as tg:
+        async with db.transaction() as tx:
+            tg.start_soon(late)
+            await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (1)", t=table))
+        ended.set()
+    assert seen[0] is not tx
+    assert seen[1] == 2
+
+
 async def test_transaction_rolls_back_on_exception(db: af.Database, tables: Tables) -> None:
     table = await make_table(db, tables, {"i": "integer"})
     with pytest.raises(ZeroDivisionError):

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from decimal import Decimal
 from typing import Any
 
+import anyio
 import pytest
 
 import aiofragno as af
@@ -306,6 +307,26 @@ async def test_writes_inside_a_callers_transaction_are_refused_on_one_writer(
     alice = await read_account(shop, "alice")
     assert alice is not None and alice["note"] == "caller"
     assert alice["id"].version == ids["alice"].version
+
+
+async def test_a_task_started_in_a_transaction_writes_units_after_it(shop: Env) -> None:
+    """A task started inside a ``db.transaction()`` inherits it; once it has
+    ended, the task's units with writes run (not refused as waiting for a
+    transaction that is gone, on a one-writer database)."""
+    db = shop.db
+    ended = anyio.Event()
+    created: list[af.RowId] = []
+
+    async def late() -> None:
+        await ended.wait()
+        created.extend(await shop.create("accounts", {"owner": "late"}))
+
+    async with anyio.create_task_group() as tg:
+        async with db.transaction():
+            tg.start_soon(late)
+        ended.set()
+    found = await read_account(shop, "late")
+    assert found is not None and found["id"] == created[0]
 
 
 async def test_version_bump_on_update(shop: Env) -> None:

@@ -219,7 +219,9 @@ class Transaction(Queries):
         self.session = session
         self.outer = outer  # the enclosing transaction in this context, of any Database
         self.ended = False
-        self._lock = runtime.Lock()
+        # (A free lock is taken without a trip through the event loop; a
+        # pending cancellation is still raised before the statement is sent.)
+        self._lock = runtime.Lock(fast_acquire=True)
 
     async def _run(self, query: Any) -> QueryResult:
         compiled = self.db.compile(query)

@@ -234,6 +234,12 @@ class Transaction(Queries):
                 )
             return await self.session.execute(compiled)
 
+    async def _finish(self, end: Callable[[], Awaitable[Any]]) -> None:
+        """``end`` (COMMIT or ROLLBACK) once the statement another task may be
+        running in this transaction is done."""
+        async with self._lock:
+            await end()
+
     def transaction(self) -> TransactionContext:
         """A savepoint inside this transaction: rolled back alone on exception."""
         return TransactionContext(self.db, None, parent=self)
@@ -313,15 +319,11 @@ class TransactionContext:
         _current.reset(self._token)
         tx.ended = True  # (from now on, other tasks' statements are refused)
         try:
-            # COMMIT or ROLLBACK waits for a statement another task runs in it.
             if exc is None:
-                async with tx._lock:
-                    await tx.session.commit()
+                await tx._finish(tx.session.commit)
             elif not (tx.session.broken or tx.session.interrupted):
                 # (An interrupted connection is reset or discarded by checkin.)
-                with runtime.shielded(CLEANUP_TIMEOUT):
-                    async with tx._lock:
-                        await _rollback_quietly(tx.session, tx.session.rollback)
+                await _rollback_quietly(tx.session, lambda: tx._finish(tx.session.rollback))
         finally:
             await self._db.checkin(tx.session)
 

@@ -5,6 +5,8 @@ within the identifier limit; custom strategies plug in."""
 from __future__ import annotations
 
 import datetime as dt
+import time
+import uuid
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -13,7 +15,7 @@ import pytest
 
 import aiofragno as af
 from aiofragno.naming import Layout, SchemaNaming, SuffixNaming, resolve_naming, shorten
-from aiofragno.schema import tables_in_dependency_order
+from aiofragno.schema import new_external_id, tables_in_dependency_order
 
 C = af.Column
 T = af.Table
@@ -325,3 +327,22 @@ def test_custom_naming_strategy_in_the_layout() -> None:
     long = Layout(schema, "n" * 63, PrefixNaming(), 63)
     assert len(long.table("a").name) == 63
     assert long.table("a").name != long.table("b").name
+
+
+def test_external_ids_are_uuid7() -> None:
+    """RFC 9562 version 7: the creation millisecond up front (so ids sort by
+    it), the version and variant bits set, the other 74 bits random."""
+    before = time.time_ns() // 1_000_000
+    ids = [new_external_id() for _ in range(2000)]
+    after = time.time_ns() // 1_000_000
+    assert len(set(ids)) == len(ids)
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text  # lowercase, canonical dashes
+        assert parsed.version == 7 and parsed.variant == uuid.RFC_4122
+        assert before <= parsed.int >> 80 <= after
+    # Every random position varies: the variant nibble takes all of 8, 9, a, b
+    # and the bits around version and variant are not fixed.
+    assert {text[19] for text in ids} == set("89ab")
+    for position in (15, 16, 17, 20, 35):
+        assert len({text[position] for text in ids}) == 16, position

@@ -40,18 +40,9 @@ def combinable(ops: Sequence[MutationOp]) -> bool:
         touched.add(row)
         if isinstance(op, Create):
             created.add(row[1])
-    return not created or not any(_refers_to(op, created) for op in ops)
-
-
-def _refers_to(op: MutationOp, rows: set[str]) -> bool:
     # A row created in this unit is found by its external id, which a part of
     # the same WITH cannot see yet.
-    values = getattr(op, "values", None) or {}
-    columns = op.table.columns
-    return any(
-        columns[name].target is not None and value is not None and str(value) in rows
-        for name, value in values.items()
-    )
+    return not created or not any(ref in created for op in ops for ref in op.lookups)
 
 
 def combine(catalog: Catalog, ops: Sequence[MutationOp]) -> CompiledQuery:

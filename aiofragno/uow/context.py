@@ -9,7 +9,7 @@ from ..errors import ValidationError
 from ..schema import INTERNAL_ID, RowId
 
 if TYPE_CHECKING:
-    from .catalog import Catalog, TableInfo
+    from .catalog import Catalog, ColumnInfo, TableInfo
 
 _TEXT_KINDS = frozenset({"string", "text", "varchar", "id"})
 
@@ -48,8 +48,9 @@ class Compiling:
     def value(self, column: str, value: Any) -> None:
         """A parameter for ``column`` (see :func:`bind`); a reference looked up
         by external id becomes a subquery for the row's internal id."""
-        param = bind(self.table, column, value)
-        target = self.table.columns[column].target
+        info = self.table.columns.get(column) or self.table.column(column)
+        param = bind(self.table, info, value)
+        target = info.target
         if target is None:
             self.raw_value(param)
             return
@@ -76,13 +77,11 @@ class Compiling:
             raise ValidationError(f"{self.table.name}.{column}: {operation} needs a string column")
 
 
-def bind(table: TableInfo, column: str, value: Any) -> Any:
-    """``value`` as the parameter of ``column``: checked and encoded for the
-    column's type. A reference's parameter is the row's internal id (an int)
-    where ``value`` carries it, else the external id (a str), by which the
-    statement has to look the row up."""
-    # (Looked up directly on this hot path; .column() explains a miss.)
-    info = table.columns.get(column) or table.column(column)
+def bind(table: TableInfo, info: ColumnInfo, value: Any) -> Any:
+    """``value`` as the parameter of column ``info``: checked and encoded for
+    the column's type. A reference's parameter is the row's internal id (an
+    int) where ``value`` carries it, else the external id (a str), by which
+    the statement has to look the row up."""
     try:
         if info.target is None:
             return info.encode(value)
@@ -95,7 +94,7 @@ def bind(table: TableInfo, column: str, value: Any) -> Any:
             )
         return str(value)
     except ValidationError as exc:
-        raise ValidationError(f"{table.name}.{column}: {exc}") from None
+        raise ValidationError(f"{table.name}.{info.name}: {exc}") from None
 
 
 def row_id(value: Any, *, table: str, need_version: bool) -> RowId | str:

@@ -227,11 +227,18 @@ def where_expr(where: Expr | Mapping[str, Any] | None) -> Expr | None:
             raise ValidationError(
                 f"where must be a dict or an af.c condition, got {type(where).__name__}"
             )
-    parts: list[Expr] = []
-    for name, value in where.items():
-        if not isinstance(name, str):
-            raise ValidationError(f"where keys must be column names, got {name!r}")
-        parts.append(_IsNull(name) if value is None else _Compare(name, "=", value))
+    parts: list[Expr] = [
+        _IsNull(name) if value is None else _Compare(name, "=", value)
+        for name, value in equalities(where).items()
+    ]
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else _Bool("AND", tuple(parts))
+
+
+def equalities(where: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a dict ``where`` (column -> value), its keys checked."""
+    for name in where:
+        if not isinstance(name, str):
+            raise ValidationError(f"where keys must be column names, got {name!r}")
+    return dict(where)

@@ -1566,6 +1566,58 @@ async def test_creates_with_their_null_reference_in_another_column(
     assert (rows["three"][first], rows["three"][other]) == (target, target)
 
 
+@pytest.mark.parametrize("first", ["a", "b"])
+async def test_finds_and_updates_with_their_nulls_and_references_in_other_columns(
+    make_env: MakeEnv, first: str
+) -> None:
+    """Finds and updates with the same columns, one run after another on one
+    cache: which of them are NULL (IS NULL, or SET ... = NULL) and which
+    references are looked up by external id each give the statement another
+    text, and none may be served another's from the cache."""
+    env = await make_env(LINKS)
+    [target] = await env.create("targets", {"name": "t"})
+    other = "b" if first == "a" else "a"
+    by_id = str(target)
+    await env.create(
+        "links",
+        {"label": "one", first: None, other: target},
+        {"label": "two", first: target, other: None},
+        {"label": "none", first: None, other: None},
+    )
+
+    async def labels(uow: af.UnitOfWork) -> list[list[str]]:
+        wheres = [
+            {first: None, other: by_id},
+            {first: by_id, other: None},
+            {first: target, other: None},
+            {first: None, other: None},
+            {first: None, other: target},
+        ]
+        finds = [uow.find("links", where=where) for where in wheres]
+        wheres[0][other] = "no such id"  # (a dict changed after queuing is not read again)
+        await uow.retrieve()
+        return [sorted(row["label"] for row in find.result) for find in finds]
+
+    assert await env.run(labels) == [["one"], ["two"], ["two"], ["none"], ["one"]]
+    rows = {row["label"]: row for row in await env.find("links")}
+    for label, values in (
+        ("one", {first: target, other: None}),
+        ("two", {first: None, other: by_id}),
+    ):
+
+        async def update(
+            uow: af.UnitOfWork,
+            row_id: af.RowId = rows[label]["id"],
+            values: dict[str, Any] = values,
+        ) -> None:
+            uow.update("links", row_id, values)
+
+        await env.run(update)
+    rows = {row["label"]: row for row in await env.find("links")}
+    assert (rows["one"][first], rows["one"][other]) == (target, None)
+    assert (rows["two"][first], rows["two"][other]) == (None, target)
+
+
 async def test_self_reference_created_in_same_unit(make_env: MakeEnv) -> None:
     tree = await make_env(TREE)
 

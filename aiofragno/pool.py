@@ -17,6 +17,7 @@ from typing import Literal
 from . import runtime
 from .driver import Connection, DialectAdapter, IsolationLevel, QueryCompiler
 from .errors import DatabaseClosed, PoolTimeout
+from .slots import Slots
 from .url import Options
 
 Connector = Callable[[], Awaitable[Connection]]
@@ -70,7 +71,7 @@ class Pool:
         self._max_lifetime = max_lifetime
         self._max_idle = max_idle
         self._pre_ping = pre_ping
-        self._slots = runtime.Semaphore(size)
+        self._slots = Slots(size, acquire_timeout)
         self._idle: list[_Idle] = []
         self._in_use: dict[Connection, float] = {}
         self._closed = False
@@ -81,7 +82,7 @@ class Pool:
 
     async def acquire(self) -> Connection:
         self._check_open()
-        if not await runtime.acquire_within(self._slots, self._acquire_timeout):
+        if not await self._slots.acquire():
             raise PoolTimeout(
                 f"no connection free after {self._acquire_timeout}s "
                 f"({self.size} in use); raise pool_size or hold connections for less time"

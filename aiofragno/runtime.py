@@ -2,6 +2,8 @@
 
 The core imports these names instead of asyncio or trio, so it runs unchanged
 under both. Backends that need asyncio itself live in ``aiofragno.backends``.
+The one thing anyio does not offer, a timer that calls a function without a
+task of its own (:func:`call_later`), is built here from each runtime's own.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ __all__ = [
     "Lock",
     "Semaphore",
     "WouldBlock",
-    "acquire_within",
+    "call_later",
     "current_runtime",
     "current_time",
     "get_cancelled_exc_class",
@@ -56,19 +58,23 @@ def monotonic() -> float:
     return time.monotonic()
 
 
-async def acquire_within(semaphore: Semaphore, seconds: float) -> bool:
-    """Acquire ``semaphore``, waiting at most ``seconds``; False when
-    that ran out (and the semaphore was not acquired)."""
-    try:
-        semaphore.acquire_nowait()  # the common case: no timer, no cancel scope
-        return True
-    except WouldBlock:
-        pass
-    # A bare deadline scope, on the event loop's clock: fail_after's wrapper
-    # costs as much again, and under load every waiter passes here.
-    with CancelScope(deadline=current_time() + seconds) as scope:
-        await semaphore.acquire()
-    return not scope.cancelled_caught
+def call_later(delay: float, callback: Callable[[], object]) -> None:
+    """Call ``callback`` in the event loop's thread after ``delay`` seconds,
+    from no task of the caller's: under asyncio a timer of the loop, under
+    trio a system task (so it must not raise). It cannot be cancelled: make
+    the callback find out whether it is still wanted."""
+    if current_runtime() == "trio":
+        import trio
+
+        async def later() -> None:
+            await trio.sleep(delay)
+            callback()
+
+        trio.lowlevel.spawn_system_task(later)
+    else:
+        import asyncio  # noqa: TID251  (the asyncio timer is this port's job)
+
+        asyncio.get_running_loop().call_later(delay, callback)
 
 
 def shielded(timeout: float | None = None) -> AbstractContextManager[CancelScope]:

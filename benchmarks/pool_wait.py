@@ -1,11 +1,19 @@
 """What waiting for a pool connection under a deadline costs, without I/O.
 
 16 tasks share 10 slots (the transfer benchmark's concurrency and pool size):
-each takes a slot, yields once to the event loop, and gives it back. Slots are
-taken with ``runtime.acquire_within`` — what ``Pool.acquire`` does, bounded by
-``acquire_timeout`` — and, for comparison, with a plain ``acquire()`` that
-could wait forever. Reported: CPU microseconds per acquire-and-release (best of
-``--repeat``), under asyncio.
+each takes a slot, yields once to the event loop, and gives it back. Three
+ways of taking a slot, side by side:
+
+* ``Slots`` (``aiofragno.slots``, what ``Pool.acquire`` and SQLite's write
+  gate use): bounded by ``acquire_timeout``, with one alarm per Slots instead
+  of a timer per wait;
+* an anyio ``Semaphore`` inside a cancel scope with a deadline: the timer per
+  wait that ``Pool.acquire`` used before;
+* an anyio ``Semaphore`` with no deadline: what a wait that could last
+  forever costs.
+
+Reported: CPU microseconds per acquire-and-release (best of ``--repeat``),
+under asyncio and under trio.
 
     python -m benchmarks.pool_wait [-n 20000] [--repeat 5]
 """
@@ -13,51 +21,89 @@ could wait forever. Reported: CPU microseconds per acquire-and-release (best of
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from aiofragno import runtime
+import anyio
+import anyio.lowlevel
+
+from aiofragno.slots import Slots
 
 TASKS, SLOTS, TIMEOUT = 16, 10, 30.0
 
 
-async def _cpu_per_take(take: Callable[[runtime.Semaphore], Awaitable[object]], n: int) -> float:
-    slots = runtime.Semaphore(SLOTS)
+class Scoped:
+    """A semaphore waited on in a deadline scope when none is free."""
+
+    def __init__(self) -> None:
+        self.semaphore = anyio.Semaphore(SLOTS)
+
+    async def acquire(self) -> bool:
+        try:
+            self.semaphore.acquire_nowait()
+            return True
+        except anyio.WouldBlock:
+            pass
+        with anyio.CancelScope(deadline=anyio.current_time() + TIMEOUT) as scope:
+            await self.semaphore.acquire()
+        return not scope.cancelled_caught
+
+    def release(self) -> None:
+        self.semaphore.release()
+
+
+class Untimed(Scoped):
+    async def acquire(self) -> bool:
+        await self.semaphore.acquire()
+        return True
+
+
+WAYS: dict[str, Callable[[], Any]] = {
+    "Slots (one alarm)": lambda: Slots(SLOTS, TIMEOUT),
+    "deadline scope per wait": Scoped,
+    "no deadline": Untimed,
+}
+
+
+async def _cpu_per_take(make: Callable[[], Any], n: int) -> float:
+    slots = make()
     left = n
 
     async def worker() -> None:
         nonlocal left
         while left > 0:
             left -= 1
-            await take(slots)
-            await asyncio.sleep(0)
+            assert await slots.acquire()
+            await anyio.lowlevel.checkpoint()
             slots.release()
 
     started = time.process_time()
-    async with asyncio.TaskGroup() as tg:
+    async with anyio.create_task_group() as tg:
         for _ in range(TASKS):
-            tg.create_task(worker())
+            tg.start_soon(worker)
     return (time.process_time() - started) / n * 1e6
 
 
-async def main(argv: Sequence[str] | None = None) -> None:
+async def measure(n: int, repeat: int) -> dict[str, float]:
+    best = dict.fromkeys(WAYS, float("inf"))
+    for _ in range(repeat):
+        for name, make in WAYS.items():
+            best[name] = min(best[name], await _cpu_per_take(make, n))
+    return best
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pool_wait")
     parser.add_argument("-n", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
-    ways: dict[str, Callable[[runtime.Semaphore], Awaitable[object]]] = {
-        "acquire_within (deadline)": lambda s: runtime.acquire_within(s, TIMEOUT),
-        "acquire() (no deadline)": lambda s: s.acquire(),
-    }
-    best = dict.fromkeys(ways, float("inf"))
-    for _ in range(args.repeat):
-        for name, take in ways.items():
-            best[name] = min(best[name], await _cpu_per_take(take, args.n))
     print(f"{TASKS} tasks, {SLOTS} slots: CPU us per acquire + release (best of {args.repeat})")
-    for name, us in best.items():
-        print(f"  {name:28} {us:6.2f}")
+    for backend in ("asyncio", "trio"):
+        best = anyio.run(measure, args.n, args.repeat, backend=backend)
+        for name, us in best.items():
+            print(f"  {backend:8} {name:24} {us:6.2f}")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

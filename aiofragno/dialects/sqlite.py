@@ -55,6 +55,7 @@ from ..errors import (
     ValidationError,
 )
 from ..pool import Connector, PooledDialect
+from ..slots import Slots
 from ..sql import Json, SqlCompiler
 from ..url import DatabaseURL, Options
 from .common import json_param
@@ -230,11 +231,11 @@ class WriteGate:
     process's lock does, so a writer gives up after about that long in all."""
 
     def __init__(self, timeout: float) -> None:
-        self._semaphore = runtime.Semaphore(1)
+        self._slot = Slots(1, timeout)
         self._timeout = timeout
 
     async def acquire(self) -> None:
-        if not await runtime.acquire_within(self._semaphore, self._timeout):
+        if not await self._slot.acquire():
             raise LockTimeout(
                 f"waited busy_timeout={self._timeout}s for this process's other writers; "
                 "shorten write transactions or raise busy_timeout",
@@ -242,7 +243,7 @@ class WriteGate:
             )
 
     def release(self) -> None:
-        self._semaphore.release()
+        self._slot.release()
 
 
 T = TypeVar("T")

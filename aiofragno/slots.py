@@ -1,0 +1,99 @@
+"""Slots: a semaphore whose waiters are served first come first served and
+give up after a timeout — what the pool hands out connections with, and
+SQLite's write gate admits writers with.
+
+The usual way to bound a wait, a cancel scope with a deadline around it, arms
+and disarms a timer for every wait; under a busy pool that was most of what a
+wait cost (``python -m benchmarks.pool_wait``). Here a waiter waits without a
+timer of its own. One alarm per Slots, set for the earliest deadline among the
+waiters, expires those whose time is up and sets itself again for the next.
+Since every waiter waits for the same timeout, in arrival order, the earliest
+deadline is the first waiter's, and in a busy pool the alarm goes off about
+once per timeout, however many waits there were.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from . import runtime
+
+
+class _Waiter:
+    __slots__ = ("deadline", "event", "granted")
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.event = runtime.Event()
+        # None while waiting; True once handed a slot; False once it gave up
+        # (timed out or cancelled).
+        self.granted: bool | None = None
+
+
+class Slots:
+    """At most ``size`` holders at a time.
+
+    Guarantees: a free slot goes to the longest-waiting waiter; a waiter that
+    has waited ``timeout`` seconds gets none (its :meth:`acquire` returns
+    False a little after its deadline, when the alarm runs); a cancelled
+    waiter takes no slot with it, even one handed to it just before."""
+
+    def __init__(self, size: int, timeout: float) -> None:
+        self._free = size
+        self._timeout = timeout
+        self._waiters: deque[_Waiter] = deque()
+        self._alarm_set = False
+
+    @property
+    def free(self) -> int:
+        return self._free
+
+    async def acquire(self) -> bool:
+        """Take a slot, waiting at most ``timeout`` seconds; False (and no
+        slot) when that ran out. A free slot is taken without yielding to the
+        event loop."""
+        if self._free and not self._waiters:
+            self._free -= 1
+            return True
+        waiter = _Waiter(runtime.monotonic() + self._timeout)
+        self._waiters.append(waiter)
+        if not self._alarm_set:
+            self._set_alarm(self._timeout)
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            if waiter.granted:  # handed a slot as it was cancelled: pass it on
+                self.release()
+            waiter.granted = False
+            raise
+        return bool(waiter.granted)
+
+    def release(self) -> None:
+        """Give a slot back: to the longest-waiting waiter, if any."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if waiter.granted is None:
+                waiter.granted = True
+                waiter.event.set()
+                return
+        self._free += 1
+
+    def _set_alarm(self, delay: float) -> None:
+        self._alarm_set = True
+        runtime.call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        """The alarm: wake the waiters whose time is up, and set the alarm
+        for the first of the others. (Waiters leave the front of the queue
+        without touching the alarm, so it may go off before anyone's time.)"""
+        self._alarm_set = False
+        now = runtime.monotonic()
+        waiters = self._waiters
+        while waiters and (waiters[0].granted is not None or waiters[0].deadline <= now):
+            waiter = waiters.popleft()
+            if waiter.granted is None:
+                waiter.granted = False
+                waiter.event.set()
+        if waiters:
+            self._set_alarm(waiters[0].deadline - now)

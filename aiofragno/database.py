@@ -298,22 +298,21 @@ class Database(Queries):
         """A connection from the pool, wrapped in a :class:`Session`. While the
         server is unreachable, retries until ``reconnect_deadline`` (``wait``)."""
         with shared_deadline(self.options.reconnect_deadline if wait else None) as deadline:
-            return await self._checkout(deadline if wait else Deadline(None))
-
-    async def _checkout(self, deadline: Deadline) -> Session:
-        while True:
-            self._check_open()
-            try:
-                connection = await self._driver.acquire_connection()
-            except Error:
-                raise
-            except Exception as exc:
-                error = self._unavailable(exc)
-                if not isinstance(error, DatabaseUnavailable) or not await deadline.wait():
-                    raise error from exc
-                self.stats.reconnect_waits += 1
-                continue
-            return Session(self._driver, connection, self.dialect.translate_error)
+            if not wait:
+                deadline = Deadline(None)
+            while True:
+                self._check_open()
+                try:
+                    connection = await self._driver.acquire_connection()
+                except Error:
+                    raise
+                except Exception as exc:
+                    error = self._unavailable(exc)
+                    if not isinstance(error, DatabaseUnavailable) or not await deadline.wait():
+                        raise error from exc
+                    self.stats.reconnect_waits += 1
+                    continue
+                return Session(self._driver, connection, self.dialect.translate_error)
 
     async def checkin(self, session: Session) -> None:
         """Return ``session``'s connection: reset it if an operation was

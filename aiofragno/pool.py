@@ -123,26 +123,27 @@ class Pool:
     async def _checkout(self) -> tuple[Connection, float]:
         while self._idle:
             entry = self._idle.pop()  # most recently used: warm, least likely stale
-            if await self._healthy(entry):
+            if self._fresh(entry) and (not self._pre_ping or await _answers(entry.connection)):
                 return entry.connection, entry.created
             await _close(entry.connection)
         return await self._connect(), runtime.monotonic()
 
-    async def _healthy(self, entry: _Idle) -> bool:
-        now = runtime.monotonic()
+    def _fresh(self, entry: _Idle) -> bool:
+        """Not seen closed, and within ``max_lifetime`` and ``max_idle``."""
         if entry.connection.is_closed:
             return False
+        now = runtime.monotonic()
         if self._max_lifetime is not None and now - entry.created > self._max_lifetime:
             return False
-        if self._max_idle is not None and now - entry.released > self._max_idle:
-            return False
-        if not self._pre_ping:
-            return True
-        try:
-            await entry.connection.ping()
-        except Exception:
-            return False
-        return True
+        return self._max_idle is None or now - entry.released <= self._max_idle
+
+
+async def _answers(connection: Connection) -> bool:
+    try:
+        await connection.ping()
+    except Exception:
+        return False
+    return True
 
 
 async def _close(connection: Connection) -> None:

@@ -94,13 +94,9 @@ class shared_deadline:
 async def retry_read(deadline_seconds: float | None, read: Callable[[], Awaitable[T]]) -> T:
     """``read()``, again on a fresh connection after a lost one, until the deadline."""
     with shared_deadline(deadline_seconds) as deadline:
-        return await _retry(deadline, read)
-
-
-async def _retry(deadline: Deadline, read: Callable[[], Awaitable[T]]) -> T:
-    while True:
-        try:
-            return await read()
-        except (ConnectionLost, DatabaseUnavailable) as exc:
-            if not is_retryable_loss(exc) or not await deadline.wait():
-                raise
+        while True:
+            try:
+                return await read()
+            except (ConnectionLost, DatabaseUnavailable) as exc:
+                if not is_retryable_loss(exc) or not await deadline.wait():
+                    raise

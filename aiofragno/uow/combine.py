@@ -20,11 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import chain
+from operator import attrgetter
 
 from ..driver import CompiledQuery, QueryCompiler, QueryResult
 from .catalog import Catalog
 from .ops import Check, Create, Delete, MutationOp
 from .stale import STALE
+
+# (map() with it, and zip(), build a statement's key and parameters without
+# a generator's frame: this runs for every unit of work.)
+_QUERY = attrgetter("query")
 
 
 def combinable(ops: Sequence[MutationOp]) -> bool:
@@ -48,13 +53,14 @@ def combinable(ops: Sequence[MutationOp]) -> bool:
 def combine(catalog: Catalog, ops: Sequence[MutationOp]) -> CompiledQuery:
     """The one statement running ``ops`` (see :func:`combinable`) inside the
     open transaction; its text is cached by the operations' texts."""
-    key = ("combined", *(op.query.sql for op in ops))
+    texts, parameters = zip(*map(_QUERY, ops), strict=True)
+    key = ("combined", *texts)
     text = catalog.sql_cache.get(key)
     if text is None:
         parts, _ = _parts(catalog.compiler, ops)
         counts = (f"(SELECT count(*) FROM q{index}) AS n{index}" for index in range(len(ops)))
         text = catalog.sql_cache[key] = f"WITH {', '.join(parts)} SELECT {', '.join(counts)}"
-    return CompiledQuery(text, tuple(chain.from_iterable(op.query.parameters for op in ops)))
+    return CompiledQuery(text, tuple(chain.from_iterable(parameters)))
 
 
 def combine_committing(
@@ -65,7 +71,8 @@ def combine_committing(
     to be run outside a transaction. A checked operation that matches no row
     aborts it through ``abort`` (``{message}``: an SQL text expression, which
     will name :data:`~aiofragno.uow.stale.STALE` and the operation's index)."""
-    key = ("committing", *(op.query.sql for op in ops))
+    texts, parameters = zip(*map(_QUERY, ops), strict=True)
+    key = ("committing", *texts)
     text = catalog.sql_cache.get(key)
     if text is None:
         compiler = catalog.compiler
@@ -74,8 +81,8 @@ def combine_committing(
         counts = [_guarded_count(op, index, abort) for index, op in enumerate(ops)]
         text = f"WITH {', '.join(parts)} SELECT {', '.join(counts)}, {stamp} AS stamp"
         catalog.sql_cache[key] = text
-    parameters = (*chain.from_iterable(op.query.parameters for op in ops), *entry.parameters)
-    return CompiledQuery(text, parameters)
+    bound = (*chain.from_iterable(parameters), *entry.parameters)
+    return CompiledQuery(text, bound)
 
 
 def _guarded_count(op: MutationOp, index: int, abort: str) -> str:
@@ -108,6 +115,5 @@ def _parts(compiler: QueryCompiler, ops: Sequence[MutationOp]) -> tuple[list[str
 
 def split(ops: Sequence[MutationOp], result: QueryResult) -> list[QueryResult]:
     """Each operation's result (the rows it matched) from the combined
-    statement's one row."""
-    row = result.rows[0]
-    return [QueryResult([], int(row[f"n{index}"])) for index in range(len(ops))]
+    statement's one row, whose columns are the counts in operation order."""
+    return [QueryResult([], int(count)) for count in result.rows[0].values()]

@@ -11,6 +11,7 @@ combine; each keeps its own ORDER BY and LIMIT inside its array.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 from ..driver import CompiledQuery, QueryResult
@@ -27,11 +28,12 @@ def combine_reads(
     template = catalog.adapter.rows_array_sql
     if template is None or len(ops) < 2:
         return None
-    key = ("reads", *(query.sql for query in queries))
+    texts, parameters = zip(*queries, strict=True)  # (each a (sql, parameters) tuple)
+    key = ("reads", *texts)
     text = catalog.sql_cache.get(key)
     if text is None:
         text = catalog.sql_cache[key] = _combined_sql(catalog, template, ops, queries)
-    return CompiledQuery(text, tuple(p for query in queries for p in query.parameters))
+    return CompiledQuery(text, tuple(chain.from_iterable(parameters)))
 
 
 def _combined_sql(

@@ -166,29 +166,16 @@ async def run_mutations(
     uow: UnitOfWork,
     catalog: Catalog,
     isolation: IsolationLevel | None,
-    notify: Callable[[CompiledQuery], Any],
+    notify: Callable[[CompiledQuery], Any] | None,
 ) -> None:
     """The mutation phase: every write in one transaction, or none; with the
     outbox on, the unit's outbox entry is written last in the same transaction."""
-    writes = [op for op in uow.mutations if not isinstance(op, Check)]
-    if db.options.outbox and len(writes) > MAX_INDEX + 1:
-        raise ValidationError(
-            f"a unit of work can carry at most {MAX_INDEX + 1} outbox mutations, this one has "
-            f"{len(writes)}; split it into several units"
-        )
     ops = uow.mutations
-    values: dict[str, Any] | None = None
-    if db.options.outbox and writes:
-        values = entry_values(
-            db.codec,
-            uow_id=uow.uow_id,
-            schema=catalog.layout.schema.name,
-            namespace=catalog.layout.namespace,
-            writes=writes,
-        )
+    values = _entry_values(db, uow, catalog) if db.options.outbox else None
     entry = [] if values is None else db.outbox_statements.queries(values)
-    for query in (*(op.query for op in ops), *entry):
-        notify(query)
+    if notify is not None:
+        for query in (*(op.query for op in ops), *entry):
+            notify(query)
     session = await held.get()
     abort = None
     if values is not None and isolation is None:
@@ -214,6 +201,26 @@ async def run_mutations(
     except BaseException:
         await _rollback(session)
         raise
+
+
+def _entry_values(db: Database, uow: UnitOfWork, catalog: Catalog) -> dict[str, Any] | None:
+    """What the unit's outbox entry binds (:func:`entry_values`); None when
+    the unit writes nothing (its checks alone make no entry)."""
+    writes = [op for op in uow.mutations if not isinstance(op, Check)]
+    if len(writes) > MAX_INDEX + 1:
+        raise ValidationError(
+            f"a unit of work can carry at most {MAX_INDEX + 1} outbox mutations, this one has "
+            f"{len(writes)}; split it into several units"
+        )
+    if not writes:
+        return None
+    return entry_values(
+        db.codec,
+        uow_id=uow.uow_id,
+        schema=catalog.layout.schema.name,
+        namespace=catalog.layout.namespace,
+        writes=writes,
+    )
 
 
 async def _write_and_commit(
@@ -360,7 +367,6 @@ async def execute_uow(
     policy = DEFAULT_RETRY if retry is None else retry
     uow_id = new_external_id() if idempotency_key is None else idempotency_key
     hooks = hooks or NO_HOOKS
-    notify = on_query or (lambda query: None)
     # One reconnect budget for the whole unit, shared by every retry inside it.
     with shared_deadline(db.options.reconnect_deadline) as lost:
         attempt = 0
@@ -373,15 +379,16 @@ async def execute_uow(
                 try:
                     value = await fn(uow)
                     if dry_run:
-                        for op in uow.mutations:
-                            notify(op.query)
+                        if on_query is not None:
+                            for op in uow.mutations:
+                                on_query(op.query)
                         return value
                     if not uow.mutations:
                         db.stats.units += 1
                         return value
                     _check_not_waiting_for_itself(db)
                     await _call(hooks.before_mutation, uow)
-                    await run_mutations(db, held, uow, catalog, isolation, notify)
+                    await run_mutations(db, held, uow, catalog, isolation, on_query)
                 finally:
                     # Released before any backoff sleep below.
                     await held.release()

@@ -79,8 +79,9 @@ class UnitOfWork:
         if not reads:
             return
         queries = [op.compile(self._catalog) for op in reads]
-        for query in queries:
-            self._notify(query)
+        if self._on_query is not None:
+            for query in queries:
+                self._on_query(query)
         if self._dry_run:
             for op in reads:
                 op.empty()
@@ -121,7 +122,3 @@ class UnitOfWork:
     def _queue(self, op: R) -> R:
         self._reads.append(op)
         return op
-
-    def _notify(self, query: CompiledQuery) -> None:
-        if self._on_query is not None:
-            self._on_query(query)

@@ -45,7 +45,7 @@ class RowId(str):
     def __new__(
         cls, external_id: str, version: int | None = None, internal_id: int | None = None
     ) -> RowId:
-        row_id = super().__new__(cls, external_id)
+        row_id = str.__new__(cls, external_id)  # (not super(): one RowId per row read)
         row_id.version = version
         row_id.internal_id = internal_id
         return row_id

@@ -15,7 +15,7 @@ ways of taking a slot, side by side:
 Reported: CPU microseconds per acquire-and-release (best of ``--repeat``),
 under asyncio and under trio.
 
-    python -m benchmarks.pool_wait [-n 20000] [--repeat 5]
+    python -m benchmarks.pool_wait [-n 20000] [--repeat 5] [--json PATH]
 """
 
 from __future__ import annotations
@@ -23,12 +23,15 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 
 from aiofragno.slots import Slots
+
+from . import _common as common
 
 TASKS, SLOTS, TIMEOUT = 16, 10, 30.0
 
@@ -97,12 +100,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pool_wait")
     parser.add_argument("-n", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     print(f"{TASKS} tasks, {SLOTS} slots: CPU us per acquire + release (best of {args.repeat})")
+    results: dict[str, dict[str, float]] = {}
     for backend in ("asyncio", "trio"):
-        best = anyio.run(measure, args.n, args.repeat, backend=backend)
-        for name, us in best.items():
+        results[backend] = anyio.run(measure, args.n, args.repeat, backend=backend)
+        for name, us in results[backend].items():
             print(f"  {backend:8} {name:24} {us:6.2f}")
+    common.write_json(
+        args.json or common.default_json_path("pool_wait"),
+        {
+            "benchmark": "pool_wait",
+            "tasks": TASKS,
+            "slots": SLOTS,
+            "n": args.n,
+            "repeat": args.repeat,
+            "cpu_us_per_take": results,
+            "machine": common.machine_info({}),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -62,19 +62,26 @@ def call_later(delay: float, callback: Callable[[], object]) -> None:
     """Call ``callback`` in the event loop's thread after ``delay`` seconds,
     from no task of the caller's: under asyncio a timer of the loop, under
     trio a system task (so it must not raise). It cannot be cancelled: make
-    the callback find out whether it is still wanted."""
-    if current_runtime() == "trio":
-        import trio
+    the callback find out whether it is still wanted. May be called from
+    such a callback, too."""
+    # (Not sniffio: in an asyncio loop callback there is no task for it to
+    # recognize. A thread runs an asyncio loop, or else it is trio's.)
+    import asyncio  # noqa: TID251  (the asyncio timer is this port's job)
 
-        async def later() -> None:
-            await trio.sleep(delay)
-            callback()
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is not None:
+        loop.call_later(delay, callback)
+        return
+    import trio
 
-        trio.lowlevel.spawn_system_task(later)
-    else:
-        import asyncio  # noqa: TID251  (the asyncio timer is this port's job)
+    async def later() -> None:
+        await trio.sleep(delay)
+        callback()
 
-        asyncio.get_running_loop().call_later(delay, callback)
+    trio.lowlevel.spawn_system_task(later)
 
 
 def shielded(timeout: float | None = None) -> AbstractContextManager[CancelScope]:

@@ -4,12 +4,13 @@ slot is lost to a waiter that gave up or was cancelled."""
 
 from __future__ import annotations
 
+import asyncio
+
 import anyio
 import pytest
+import trio
 
 from aiofragno.slots import Slots
-
-pytestmark = pytest.mark.anyio
 
 # Timing tolerances: a waiter must not give up before its deadline, nor much
 # after it (an alarm running late, or not at all, would).
@@ -23,6 +24,7 @@ async def wait_for(slots: Slots, name: str, log: list[tuple[str, bool, float]]) 
     log.append((name, got, anyio.current_time() - started))
 
 
+@pytest.mark.anyio
 async def test_free_slots_are_taken_at_once_then_waiters_in_arrival_order() -> None:
     slots = Slots(2, timeout=5)
     assert await slots.acquire() and await slots.acquire()
@@ -41,6 +43,7 @@ async def test_free_slots_are_taken_at_once_then_waiters_in_arrival_order() -> N
     assert slots.free == 2
 
 
+@pytest.mark.anyio
 async def test_each_waiter_gives_up_at_its_own_deadline() -> None:
     """Waiters that arrived at different times time out in turn, each about
     ``timeout`` after it arrived: the one alarm sets itself again for the next."""
@@ -60,6 +63,7 @@ async def test_each_waiter_gives_up_at_its_own_deadline() -> None:
     assert slots.free == 1  # nobody who gave up kept a slot
 
 
+@pytest.mark.anyio
 async def test_alarm_set_for_a_waiter_that_was_served_still_expires_the_next() -> None:
     """The alarm was set for the first waiter, who got a slot instead; a
     waiter that came later still gives up at its own deadline, not at the
@@ -80,6 +84,7 @@ async def test_alarm_set_for_a_waiter_that_was_served_still_expires_the_next() -
     assert timeout - EARLY <= waited < timeout + LATE, log
 
 
+@pytest.mark.anyio
 async def test_a_timed_out_waiter_is_skipped_by_the_next_release() -> None:
     slots = Slots(1, timeout=0.1)
     assert await slots.acquire()
@@ -95,6 +100,7 @@ async def test_a_timed_out_waiter_is_skipped_by_the_next_release() -> None:
     assert slots.free == 0
 
 
+@pytest.mark.anyio
 async def test_cancelled_waiters_take_no_slot() -> None:
     slots = Slots(1, timeout=5)
     assert await slots.acquire()
@@ -106,6 +112,7 @@ async def test_cancelled_waiters_take_no_slot() -> None:
     assert slots.free == 1
 
 
+@pytest.mark.anyio
 async def test_waiter_cancelled_as_a_slot_is_handed_to_it_passes_it_on() -> None:
     """The waiter is cancelled, and before it runs again the slot is handed
     to it: it must pass the slot on to the next waiter, not keep it."""
@@ -129,3 +136,33 @@ async def test_waiter_cancelled_as_a_slot_is_handed_to_it_passes_it_on() -> None
     assert [(name, got) for name, got, _ in log] == [("next", True)]
     slots.release()
     assert slots.free == 1
+
+
+async def two_waiters_time_out() -> list[bool]:
+    """Two waiters, the second arriving later: the alarm set for the first
+    goes off in the event loop itself and sets the next one from there."""
+    slots = Slots(1, timeout=0.2)
+    assert await slots.acquire()
+    outcomes: list[bool] = []
+
+    async def wait() -> None:
+        outcomes.append(await slots.acquire())
+
+    with anyio.fail_after(5):  # (an alarm not set again would hang)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.sleep(0.1)
+            tg.start_soon(wait)
+    return outcomes
+
+
+def test_alarm_under_asyncio_run() -> None:
+    """Under a bare ``asyncio.run``, as in an application: the alarm's
+    callback runs in no task, where the runtime cannot be told from the
+    current task, and must still set the next alarm. (anyio's test runner
+    marks the thread with its runtime, which hid this from the tests above.)"""
+    assert asyncio.run(two_waiters_time_out()) == [False, False]
+
+
+def test_alarm_under_trio_run() -> None:
+    assert trio.run(two_waiters_time_out) == [False, False]

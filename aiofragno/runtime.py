@@ -2,12 +2,14 @@
 
 The core imports these names instead of asyncio or trio, so it runs unchanged
 under both. Backends that need asyncio itself live in ``aiofragno.backends``.
-The one thing anyio does not offer, a timer that calls a function without a
-task of its own (:func:`call_later`), is built here from each runtime's own.
+What anyio does not offer, a timer that calls a function without a task of
+its own (:func:`call_later`) and the clock it counts on, is built here from
+each runtime's own.
 """
 
 from __future__ import annotations
 
+import asyncio  # noqa: TID251  (the loop's own clock and timer: see call_later)
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -38,9 +40,11 @@ __all__ = [
     "current_runtime",
     "current_time",
     "get_cancelled_exc_class",
+    "loop_time",
     "monotonic",
     "move_on_after",
     "run_sync_in_thread",
+    "running_loop",
     "shielded",
     "sleep",
 ]
@@ -58,30 +62,53 @@ def monotonic() -> float:
     return time.monotonic()
 
 
-def call_later(delay: float, callback: Callable[[], object]) -> None:
-    """Call ``callback`` in the event loop's thread after ``delay`` seconds,
-    from no task of the caller's: under asyncio a timer of the loop, under
-    trio a system task (so it must not raise). It cannot be cancelled: make
-    the callback find out whether it is still wanted. May be called from
-    such a callback, too."""
-    # (Not sniffio: in an asyncio loop callback there is no task for it to
-    # recognize. A thread runs an asyncio loop, or else it is trio's.)
-    import asyncio  # noqa: TID251  (the asyncio timer is this port's job)
+# The event loop's own clock and timer, which anyio does not offer: they are
+# needed in a callback of the loop too, where no task tells sniffio (or
+# anyio) which runtime this is. A thread that runs an asyncio loop is
+# asyncio's; any other is trio's.
 
+
+def running_loop() -> object:
+    """The event loop running in this thread: the asyncio loop, or the trio
+    run (its token). From a task or from a :func:`call_later` callback."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        import trio
+
+        return trio.lowlevel.current_trio_token()
+
+
+def loop_time() -> float:
+    """Seconds on the clock of the event loop running in this thread — what
+    :func:`call_later` counts on (under trio a test's mock clock, say)."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        import trio
+
+        return trio.current_time()
+
+
+def call_later(delay: float, callback: Callable[[], object]) -> None:
+    """Call ``callback`` in this thread's event loop after ``delay`` seconds
+    of :func:`loop_time`, from no task of the caller's: under asyncio a timer
+    of the loop, under trio a system task (so it must not raise). It cannot
+    be cancelled, and it is dropped if the loop ends first: make the callback
+    find out whether it is still wanted, and its setter notice a loop that
+    ended (:func:`running_loop`)."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        loop = None
-    if loop is not None:
-        loop.call_later(delay, callback)
+        import trio
+
+        async def later() -> None:
+            await trio.sleep(delay)
+            callback()
+
+        trio.lowlevel.spawn_system_task(later)
         return
-    import trio
-
-    async def later() -> None:
-        await trio.sleep(delay)
-        callback()
-
-    trio.lowlevel.spawn_system_task(later)
+    loop.call_later(delay, callback)
 
 
 def shielded(timeout: float | None = None) -> AbstractContextManager[CancelScope]:

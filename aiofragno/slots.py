@@ -34,15 +34,19 @@ class Slots:
     """At most ``size`` holders at a time.
 
     Guarantees: a free slot goes to the longest-waiting waiter; a waiter that
-    has waited ``timeout`` seconds gets none (its :meth:`acquire` returns
-    False a little after its deadline, when the alarm runs); a cancelled
-    waiter takes no slot with it, even one handed to it just before."""
+    has waited ``timeout`` seconds of the event loop's clock gets none (its
+    :meth:`acquire` returns False when the alarm runs, at its deadline); a
+    cancelled waiter takes no slot with it, even one handed to it just
+    before."""
 
     def __init__(self, size: int, timeout: float) -> None:
         self._free = size
         self._timeout = timeout
         self._waiters: deque[_Waiter] = deque()
-        self._alarm_set = False
+        # The event loop an alarm is set in, if any. An alarm dies with its
+        # loop, so in another one (a Database used under a second
+        # asyncio.run) it counts as not set.
+        self._alarm_loop: object = None
 
     @property
     def free(self) -> int:
@@ -55,9 +59,9 @@ class Slots:
         if self._free and not self._waiters:
             self._free -= 1
             return True
-        waiter = _Waiter(runtime.monotonic() + self._timeout)
+        waiter = _Waiter(runtime.loop_time() + self._timeout)
         self._waiters.append(waiter)
-        if not self._alarm_set:
+        if self._alarm_loop is not runtime.running_loop():
             self._set_alarm(self._timeout)
         try:
             await waiter.event.wait()
@@ -80,15 +84,15 @@ class Slots:
         self._free += 1
 
     def _set_alarm(self, delay: float) -> None:
-        self._alarm_set = True
+        self._alarm_loop = runtime.running_loop()
         runtime.call_later(delay, self._expire)
 
     def _expire(self) -> None:
         """The alarm: wake the waiters whose time is up, and set the alarm
         for the first of the others. (Waiters leave the front of the queue
         without touching the alarm, so it may go off before anyone's time.)"""
-        self._alarm_set = False
-        now = runtime.monotonic()
+        self._alarm_loop = None
+        now = runtime.loop_time()
         waiters = self._waiters
         while waiters and (waiters[0].granted is not None or waiters[0].deadline <= now):
             waiter = waiters.popleft()

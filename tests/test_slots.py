@@ -5,10 +5,12 @@ slot is lost to a waiter that gave up or was cancelled."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import anyio
 import pytest
 import trio
+import trio.testing
 
 from aiofragno.slots import Slots
 
@@ -166,3 +168,36 @@ def test_alarm_under_asyncio_run() -> None:
 
 def test_alarm_under_trio_run() -> None:
     assert trio.run(two_waiters_time_out) == [False, False]
+
+
+def test_deadlines_count_on_the_event_loops_clock() -> None:
+    """The alarm counts on the loop's clock, so the deadlines must too: under
+    trio's mock clock (pytest-trio's autojump_clock) a 5 s timeout passes at
+    once, not after 5 real seconds of alarms that find it not due yet."""
+
+    async def one_waiter() -> bool:
+        slots = Slots(1, timeout=5)
+        assert await slots.acquire()
+        return await slots.acquire()
+
+    started = time.monotonic()
+    assert trio.run(one_waiter, clock=trio.testing.MockClock(autojump_threshold=0)) is False
+    assert time.monotonic() - started < 1
+
+
+def test_an_alarm_lost_with_its_event_loop_is_set_again_in_the_next() -> None:
+    """A loop that ends drops the alarm it held; Slots used again under a
+    second asyncio.run (a Database kept between runs) must set a new one."""
+    slots = Slots(1, timeout=0.2)
+
+    async def first() -> None:
+        assert await slots.acquire()  # (held for good)
+        with anyio.move_on_after(0.05):  # a waiter that leaves the alarm set
+            await slots.acquire()
+
+    async def second() -> bool:
+        with anyio.fail_after(5):
+            return await slots.acquire()
+
+    asyncio.run(first())
+    assert asyncio.run(second()) is False

@@ -393,6 +393,7 @@ class Create(MutationOp):
         _check_mapping(table, values, "create")
         complete: dict[str, Any] = {}
         given = 0
+        missing = None  # a required column without a value
         for name, info in table.columns.items():
             column = info.column
             if column is None:
@@ -402,13 +403,15 @@ class Create(MutationOp):
                 value = column.default
             else:
                 given += 1
-            if value is None and not column.nullable:
-                raise ValidationError(f"{table.name}.{name} is required (NOT NULL, no default)")
+            if value is None and not column.nullable and missing is None:
+                missing = name
             complete[name] = value
-        if given != len(values):  # a name that is no column of the table
+        if given != len(values):  # a name that is no column of the table (a typo, say)
             for name in values:
                 if name not in complete:
                     _refuse(table, name, "create")
+        if missing is not None:
+            raise ValidationError(f"{table.name}.{missing} is required (NOT NULL, no default)")
         super().__init__(table, RowId(new_external_id(), 0))
         self.values = complete
         params, variant, self.lookups = _bind_values(table, complete, "create", bind_nulls=True)

@@ -716,6 +716,14 @@ async def _c_missing_required(uow: af.UnitOfWork, ids: dict[str, af.RowId]) -> N
     uow.create("accounts", {"balance": 3})
 
 
+async def _c_misspelled_required(uow: af.UnitOfWork, ids: dict[str, af.RowId]) -> None:
+    uow.create("accounts", {"ownr": "x"})  # the typo is the error, not the missing owner
+
+
+async def _c_column_name_not_str(uow: af.UnitOfWork, ids: dict[str, af.RowId]) -> None:
+    uow.update("accounts", ids["alice"], {5: 1})  # type: ignore[dict-item]
+
+
 async def _c_set_not_null_to_none(uow: af.UnitOfWork, ids: dict[str, af.RowId]) -> None:
     uow.update("accounts", ids["alice"], {"owner": None})
 
@@ -794,6 +802,8 @@ VALIDATION_CASES: list[tuple[Callable[..., Awaitable[None]], str]] = [
     (_c_reference_wrong_type, r"transfers\.src"),
     (_c_bool_for_bigint, r"accounts\.balance"),
     (_c_missing_required, r"accounts\.owner"),
+    (_c_misspelled_required, r"accounts.*ownr"),
+    (_c_column_name_not_str, r"'accounts'.*column names are str"),
     (_c_set_not_null_to_none, r"accounts\.owner"),
     (_c_check_update_with_str, r"accounts.*version"),
     (_c_check_update_without_version, r"accounts.*version"),

@@ -68,26 +68,33 @@ def monotonic() -> float:
 # asyncio's; any other is trio's.
 
 
-def running_loop() -> object:
-    """The event loop running in this thread: the asyncio loop, or the trio
-    run (its token). From a task or from a :func:`call_later` callback."""
+def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
     try:
         return asyncio.get_running_loop()
     except RuntimeError:
-        import trio
+        return None  # (a thread that runs trio)
 
-        return trio.lowlevel.current_trio_token()
+
+def running_loop() -> object:
+    """The event loop running in this thread: the asyncio loop, or the trio
+    run (its token). From a task or from a :func:`call_later` callback."""
+    loop = _asyncio_loop()
+    if loop is not None:
+        return loop
+    import trio
+
+    return trio.lowlevel.current_trio_token()
 
 
 def loop_time() -> float:
     """Seconds on the clock of the event loop running in this thread — what
     :func:`call_later` counts on (under trio a test's mock clock, say)."""
-    try:
-        return asyncio.get_running_loop().time()
-    except RuntimeError:
-        import trio
+    loop = _asyncio_loop()
+    if loop is not None:
+        return loop.time()
+    import trio
 
-        return trio.current_time()
+    return trio.current_time()
 
 
 def call_later(delay: float, callback: Callable[[], object]) -> None:
@@ -97,18 +104,17 @@ def call_later(delay: float, callback: Callable[[], object]) -> None:
     be cancelled, and it is dropped if the loop ends first: make the callback
     find out whether it is still wanted, and its setter notice a loop that
     ended (:func:`running_loop`)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        import trio
-
-        async def later() -> None:
-            await trio.sleep(delay)
-            callback()
-
-        trio.lowlevel.spawn_system_task(later)
+    loop = _asyncio_loop()
+    if loop is not None:
+        loop.call_later(delay, callback)
         return
-    loop.call_later(delay, callback)
+    import trio
+
+    async def later() -> None:
+        await trio.sleep(delay)
+        callback()
+
+    trio.lowlevel.spawn_system_task(later)
 
 
 def shielded(timeout: float | None = None) -> AbstractContextManager[CancelScope]:

@@ -34,8 +34,10 @@ SESSION_HOLDER_SQL = "SELECT IS_USED_LOCK(%s)"
 # time zone: error 1298, "Unknown or incorrect time zone: '<message>'".
 # ({count}: the rows the statement before matched. ROW_COUNT() counts matched
 # rows, not changed ones, under the FOUND_ROWS client flag; FOUND_ROWS() is
-# the rows the last SELECT returned.)
-_GUARD = "SET SESSION time_zone = IF({count} = 0, {{message}}, @@SESSION.time_zone)"
+# the rows the last SELECT returned.) The test is "fewer than one", not "0":
+# once the client has gone, the server goes on running the batch, and there
+# ROW_COUNT() after an UPDATE that matched nothing is -1.
+_GUARD = "SET SESSION time_zone = IF({count} < 1, {{message}}, @@SESSION.time_zone)"
 
 ADAPTER = DialectAdapter(
     supports_returning=False,

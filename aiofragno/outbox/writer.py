@@ -31,9 +31,12 @@ _RESERVE = {
         "DO UPDATE SET {v} = CAST(CAST({t}.{v} AS BIGINT) + 1 AS TEXT) RETURNING {v}"
     ),
     # LAST_INSERT_ID(expr) puts the new version in the statement's OK packet
-    # (its insert id), so no SELECT is needed to learn it.
+    # (its insert id), so no SELECT is needed to learn it — also when the
+    # statement creates the row, at version 1: the row then gets an id of
+    # its own (-1, which AUTO_INCREMENT never hands out), since a generated
+    # one would take LAST_INSERT_ID()'s place.
     "insert-on-duplicate-last-insert-id": (
-        "INSERT INTO {t} ({k}, {v}) VALUES ({key}, '1') "
+        "INSERT INTO {t} ({id}, {k}, {v}) VALUES (-1, {key}, LAST_INSERT_ID(1)) "
         "ON DUPLICATE KEY UPDATE {v} = LAST_INSERT_ID(CAST({v} AS UNSIGNED) + 1)"
     ),
 }
@@ -42,9 +45,9 @@ _RESERVED = {
     # Read back from the counter row, which this transaction holds.
     "insert-on-conflict-returning": "(SELECT {v} FROM {t} WHERE {k} = {key})",
     # Session state, not a read: a subquery on the counter row costs MariaDB
-    # ~60 us more per unit (measured). ROW_COUNT() is 1 when the reservation
-    # created the row (version 1; LAST_INSERT_ID() is then the new row's id).
-    "insert-on-duplicate-last-insert-id": "IF(ROW_COUNT() = 1, 1, LAST_INSERT_ID())",
+    # ~60 us more per unit (measured). Not ROW_COUNT(), which is -1 once the
+    # client has gone (the server runs the rest of a batch regardless).
+    "insert-on-duplicate-last-insert-id": "LAST_INSERT_ID()",
 }
 # The entry: its versionstamp and payload are the prepared texts with the
 # stand-in replaced by the reserved version, so nothing waits on a reply.
@@ -89,6 +92,7 @@ class OutboxStatements:
 
     def __init__(self, compiler: QueryCompiler, adapter: DialectAdapter) -> None:
         names = {
+            "id": Identifier("id"),
             "t": Identifier(SETTINGS_TABLE),
             "k": Identifier("key"),
             "v": Identifier("value"),
@@ -129,10 +133,8 @@ class OutboxStatements:
         """The entry's versionstamp, from the results of :meth:`queries`."""
         if self._stamp_returned:
             return str(next(iter(results[-1].rows[0].values())))
-        reserved = results[0]
-        # One affected row: the counter row was created, at version 1; two:
-        # it was updated, and the insert id carries the new version.
-        version = 1 if reserved.rows_affected == 1 else reserved.insert_id
+        # The reservation's insert id is the version (LAST_INSERT_ID(expr)).
+        version = results[0].insert_id
         if version is None:
             raise RuntimeError("the driver did not report the reserved outbox version")
         return f"{version:020x}0000"

@@ -7,6 +7,7 @@ from .backends import BackendNotInstalled
 from .database import Connect, Database, connect
 from .driver import CompiledQuery, QueryResult, Row
 from .errors import (
+    AlreadyApplied,
     CheckViolation,
     CommitOutcomeUnknown,
     ConcurrencyConflict,
@@ -25,6 +26,7 @@ from .errors import (
     PoolTimeout,
     ProgrammingError,
     QueryCanceled,
+    RowNotFound,
     SchemaError,
     SerializationFailure,
     SessionStillRunning,
@@ -45,6 +47,7 @@ from .uow import ExponentialBackoff, FindResult, NoRetry, RetryPolicy, UnitOfWor
 __version__ = "0.1.0"
 
 __all__ = [
+    "AlreadyApplied",
     "BackendNotInstalled",
     "CheckViolation",
     "Column",
@@ -85,6 +88,7 @@ __all__ = [
     "RetryPolicy",
     "Row",
     "RowId",
+    "RowNotFound",
     "Schema",
     "SchemaError",
     "SerializationFailure",

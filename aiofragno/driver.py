@@ -128,6 +128,8 @@ class DdlSpec:
     migration_unlock_sql: str | None = None
     # ALTER TABLE .. ADD COLUMN can add a foreign key in the same clause.
     add_column_references: bool = True
+    # Drops index {index} of table {table} (both quoted).
+    drop_index_sql: str = "DROP INDEX {index}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,27 @@ class ConcurrencyConflict(Error):
         self.attempts = attempts
 
 
+class AlreadyApplied(Error):
+    """A unit of work with this ``idempotency_key`` has already committed (in
+    an earlier ``execute_uow`` call), so this one wrote nothing: a key
+    applies a unit at most once. Treat it as the earlier call's success;
+    ``versionstamp`` is that call's outbox entry, where it wrote one."""
+
+    def __init__(
+        self, message: str, *, idempotency_key: str, versionstamp: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.idempotency_key = idempotency_key
+        self.versionstamp = versionstamp
+
+
+class RowNotFound(Error):
+    """A unit of work's update or delete named a row that does not exist (by
+    an id the unit had not read), so the unit was rolled back: nothing was
+    written, and no outbox entry announces a change that did not happen.
+    Read the row in the retrieval phase to act only when it exists."""
+
+
 class DatabaseClosed(Error):
     """The :class:`~aiofragno.Database` was closed; open a new one with
     ``af.connect``."""

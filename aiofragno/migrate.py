@@ -290,14 +290,18 @@ async def migrate(
 
 
 async def _internal_tables(migrator: Migrator, *, dry_run: bool) -> None:
-    """The outbox's tables, and its version counter row (pre-created so that
-    reserving a version always updates an existing row)."""
+    """The bookkeeping tables (:mod:`aiofragno.outbox.tables`), and the
+    outbox's version counter row (pre-created so that reserving a version
+    always updates an existing row)."""
     spec, quote = migrator.ddl.spec, migrator.ddl.quote
     for table, statement in outbox_tables.create_statements(spec, quote):
-        if not await migrator.fetch_names(spec.columns_sql, schema=None, table=table):
+        columns = await migrator.fetch_names(spec.columns_sql, schema=None, table=table)
+        if not columns:
             await migrator.run(statement, dry_run=dry_run)
             if table == outbox_tables.OUTBOX:
                 await migrator.run(outbox_tables.uow_index_statement(quote), dry_run=dry_run)
+        elif table == outbox_tables.OUTBOX:
+            await _upgrade_outbox(migrator, columns, dry_run=dry_run)
     if (
         not dry_run
         and await read_setting(migrator.session, migrator.compile, outbox_tables.VERSION_KEY)
@@ -316,6 +320,40 @@ async def _internal_tables(migrator: Migrator, *, dry_run: bool) -> None:
         stamp = latest.rows[0]["v"]
         version = "0" if stamp is None else str(int(stamp[:20], 16))
         await write_setting(migrator.session, migrator.compile, outbox_tables.VERSION_KEY, version)
+
+
+async def _upgrade_outbox(migrator: Migrator, columns: set[str], *, dry_run: bool) -> None:
+    """Bring an outbox table made by an earlier layout up to date: the
+    ``nonce`` column, and a unique index on ``uow_id`` in place of the plain one."""
+    spec, quote = migrator.ddl.spec, migrator.ddl.quote
+    if "nonce" not in columns:
+        await migrator.run(outbox_tables.nonce_column_statement(spec, quote), dry_run=dry_run)
+    indexes = await migrator.fetch_names(spec.indexes_sql, schema=None, table=outbox_tables.OUTBOX)
+    if outbox_tables.UOW_INDEX not in indexes:
+        await _refuse_duplicate_keys(migrator)
+        await migrator.run(outbox_tables.uow_index_statement(quote), dry_run=dry_run)
+    if outbox_tables.OLD_UOW_INDEX in indexes:
+        statement = outbox_tables.old_uow_index_drop_statement(spec, quote)
+        await migrator.run(statement, dry_run=dry_run)
+
+
+async def _refuse_duplicate_keys(migrator: Migrator) -> None:
+    """Before ``uow_id`` becomes unique: entries that share one can only be
+    sorted out by whoever wrote them."""
+    uow_id = Identifier("uow_id")
+    query = sql(
+        "SELECT {u} AS u FROM {t} GROUP BY {u} HAVING COUNT(*) > 1 ORDER BY {u} LIMIT 5",
+        u=uow_id,
+        t=outbox_tables.OUTBOX_ID,
+    )
+    keys = [row["u"] for row in (await migrator.session.execute(migrator.compile(query))).rows]
+    if keys:
+        raise MigrationError(
+            f"the outbox holds several entries for each of the unit of work ids {keys!r} "
+            "(units that ran more than once with one idempotency_key), so uow_id cannot "
+            "become unique; keep one entry per uow_id (delete or rename the others, after "
+            "your consumers have seen them), then migrate again"
+        )
 
 
 async def _schema_exists(migrator: Migrator, db_schema: str) -> bool:

@@ -99,6 +99,7 @@ ADAPTER = DialectAdapter(
         backslash_escapes=True,
         migration_lock_sql="SELECT GET_LOCK({key}, 60)",
         migration_unlock_sql="SELECT RELEASE_LOCK({key})",
+        drop_index_sql="DROP INDEX {index} ON {table}",
     ),
 )
 

@@ -1,5 +1,7 @@
-"""The outbox's tables: entries, consumer cursors and dead letters. Created by
-every migration (they are small and empty until the outbox is used)."""
+"""The bookkeeping tables of units of work: the outbox's entries, consumer
+cursors and dead letters, and the idempotency keys of units that write no
+outbox entry. Created by every migration (they are small and empty until
+used)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,22 @@ from ..sql import Identifier
 OUTBOX = "fragno_db_outbox"
 CONSUMERS = "fragno_db_outbox_consumers"
 DEAD_LETTERS = "fragno_db_outbox_dead_letters"
+UNIT_KEYS = "fragno_db_unit_keys"
 VERSION_KEY = "outbox.version"
+# One entry per idempotency key: a unit of work commits once per key.
+UOW_INDEX = OUTBOX + "_uow_key"
+# What an earlier layout had instead: the same look-up, without uniqueness.
+OLD_UOW_INDEX = OUTBOX + "_uow_id"
 
 OUTBOX_ID = Identifier(OUTBOX)
 CONSUMERS_ID = Identifier(CONSUMERS)
 DEAD_LETTERS_ID = Identifier(DEAD_LETTERS)
+UNIT_KEYS_ID = Identifier(UNIT_KEYS)
+
+
+def nonce_type(spec: DdlSpec) -> str:
+    """32 hex digits: 128 random bits per execute_uow call."""
+    return spec.types["varchar"].replace("{n}", "32")
 
 
 def _columns(spec: DdlSpec) -> dict[str, list[tuple[str, str]]]:
@@ -28,6 +41,8 @@ def _columns(spec: DdlSpec) -> dict[str, list[tuple[str, str]]]:
             ("payload", f"{t['json_document']} NOT NULL"),
             ("ref_map", t["json_document"]),
             ("created_at", f"{t['timestamp']} NOT NULL"),
+            # Which execute_uow call wrote the entry (see UNIT_KEYS).
+            ("nonce", nonce_type(spec)),
         ],
         CONSUMERS: [
             ("name", f"{name} NOT NULL UNIQUE"),
@@ -43,6 +58,16 @@ def _columns(spec: DdlSpec) -> dict[str, list[tuple[str, str]]]:
             ("entry", f"{t['json_document']} NOT NULL"),
             ("error", f"{t['text']} NOT NULL"),
             ("attempts", f"{t['integer']} NOT NULL"),
+            ("created_at", f"{t['timestamp']} NOT NULL"),
+        ],
+        # The idempotency key of each unit of work that was given one and
+        # committed without an outbox entry (the outbox off): the key is
+        # unique, so a second unit with it cannot commit, and ``nonce``
+        # names the execute_uow call that committed, so that call alone —
+        # not a later one with the same key — finds it after a lost COMMIT.
+        UNIT_KEYS: [
+            ("key", f"{name} NOT NULL UNIQUE"),
+            ("nonce", f"{nonce_type(spec)} NOT NULL"),
             ("created_at", f"{t['timestamp']} NOT NULL"),
         ],
     }
@@ -64,5 +89,16 @@ def create_statements(spec: DdlSpec, quote: Callable[[str], str]) -> list[tuple[
 
 
 def uow_index_statement(quote: Callable[[str], str]) -> str:
-    # Resolving an ambiguous commit looks entries up by uow_id.
-    return f"CREATE INDEX {quote(OUTBOX + '_uow_id')} ON {quote(OUTBOX)} ({quote('uow_id')})"
+    """The outbox's unique index on ``uow_id``: units look entries up by it
+    after a lost COMMIT, and it refuses a second entry for one key."""
+    return f"CREATE UNIQUE INDEX {quote(UOW_INDEX)} ON {quote(OUTBOX)} ({quote('uow_id')})"
+
+
+def nonce_column_statement(spec: DdlSpec, quote: Callable[[str], str]) -> str:
+    """Adds ``nonce`` to an outbox table created without it."""
+    return f"ALTER TABLE {quote(OUTBOX)} ADD COLUMN {quote('nonce')} {nonce_type(spec)}"
+
+
+def old_uow_index_drop_statement(spec: DdlSpec, quote: Callable[[str], str]) -> str:
+    """Drops the outbox's non-unique ``uow_id`` index, once the unique one exists."""
+    return spec.drop_index_sql.format(index=quote(OLD_UOW_INDEX), table=quote(OUTBOX))

@@ -52,10 +52,10 @@ _RESERVED = {
 # The entry: its versionstamp and payload are the prepared texts with the
 # stand-in replaced by the reserved version, so nothing waits on a reply.
 _INSERT = (
-    "INSERT INTO {o} ({vs}, {u}, {p}, {r}, {c}) VALUES (REPLACE({stamp}, {stand_in}, {version}), "
-    "{uow_id}, {payload_json}, {refs}, {created})"
+    "INSERT INTO {o} ({vs}, {u}, {p}, {r}, {c}, {n}) VALUES (REPLACE({stamp}, {stand_in}, {version}), "
+    "{uow_id}, {payload_json}, {refs}, {created}, {nonce})"
 )
-_PARAMETERS = ("stamp", "stand_in", "uow_id", "payload", "refs", "created")
+_PARAMETERS = ("stamp", "stand_in", "uow_id", "payload", "refs", "created", "nonce")
 # The WITH part holding the entry, in a statement that also carries the writes.
 _ENTRY = "af_outbox_entry"
 
@@ -102,6 +102,7 @@ class OutboxStatements:
             "p": Identifier("payload"),
             "r": Identifier("ref_map"),
             "c": Identifier("created_at"),
+            "n": Identifier("nonce"),
             "key": VERSION_KEY,
         }
         self.entry = [_Prepared(compiler, template, **names) for template in _templates(adapter)]
@@ -129,15 +130,15 @@ class OutboxStatements:
             raise RuntimeError("this database cannot write the outbox entry inside a WITH")
         return self.parts.bind(values)
 
-    def versionstamp(self, results: Sequence[QueryResult]) -> str:
-        """The entry's versionstamp, from the results of :meth:`queries`."""
+    def versionstamp(self, results: Sequence[QueryResult]) -> str | None:
+        """The entry's versionstamp, from the results of :meth:`queries`
+        (None if the driver did not report it: the entry is committed by
+        then, and this must not make it look as if it were not)."""
         if self._stamp_returned:
             return str(next(iter(results[-1].rows[0].values())))
         # The reservation's insert id is the version (LAST_INSERT_ID(expr)).
         version = results[0].insert_id
-        if version is None:
-            raise RuntimeError("the driver did not report the reserved outbox version")
-        return f"{version:020x}0000"
+        return None if version is None else f"{version:020x}0000"
 
 
 def _parts(adapter: DialectAdapter) -> tuple[str, str]:
@@ -225,6 +226,7 @@ def entry_values(
     codec: ValueCodec,
     *,
     uow_id: str,
+    nonce: str,
     schema: str,
     namespace: str,
     writes: Sequence[MutationOp],
@@ -233,7 +235,8 @@ def entry_values(
     updates, deletes — never checks) binds, for :meth:`OutboxStatements.queries`
     (run last in the unit's transaction; their results give the entry's
     versionstamp, :meth:`OutboxStatements.versionstamp`) or
-    :meth:`OutboxStatements.with_parts`."""
+    :meth:`OutboxStatements.with_parts`. ``nonce`` names the execute_uow
+    call, so that after a lost COMMIT it finds its own entry only."""
     # A random stand-in takes the version's place in the prepared texts; the
     # database swaps in the version it reserves, so from the reservation to
     # COMMIT nothing waits for a reply from us.
@@ -246,4 +249,5 @@ def entry_values(
         "payload": dump_tagged({"version": 1, "mutations": mutations}),
         "refs": dump_tagged(ref_map) if ref_map else None,
         "created": codec.encoder("timestamp")(utc_now()),
+        "nonce": nonce,
     }

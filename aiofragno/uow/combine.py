@@ -70,7 +70,9 @@ def combine_committing(
     (parts of a WITH; ``stamp`` selects the entry's versionstamp from them),
     to be run outside a transaction. A checked operation that matches no row
     aborts it through ``abort`` (``{message}``: an SQL text expression, which
-    will name :data:`~aiofragno.uow.stale.STALE` and the operation's index)."""
+    will name :data:`~aiofragno.uow.stale.STALE` and the operation's index).
+    So does any other operation that must match a row (an update or delete)
+    and matches none."""
     texts, parameters = zip(*map(_QUERY, ops), strict=True)
     key = ("committing", *texts)
     text = catalog.sql_cache.get(key)
@@ -87,7 +89,7 @@ def combine_committing(
 
 def _guarded_count(op: MutationOp, index: int, abort: str) -> str:
     count = f"(SELECT count(*) FROM q{index}) AS n{index}"
-    if not op.checked:
+    if not op.must_match:
         return count
     # The message has the count in it, so it is not a constant that the
     # planner would evaluate (and fail on) whatever the count turns out to be.

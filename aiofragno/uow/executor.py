@@ -4,6 +4,7 @@ mutation phase's transaction."""
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .. import runtime
 from ..driver import CompiledQuery, IsolationLevel, QueryResult, StaleGuard
 from ..errors import (
+    AlreadyApplied,
     CommitOutcomeUnknown,
     ConcurrencyConflict,
     ConnectionLost,
@@ -18,23 +20,22 @@ from ..errors import (
     DataError,
     IntegrityError,
     ProgrammingError,
-    SessionStillRunning,
+    RowNotFound,
     TransactionConflict,
+    UniqueViolation,
     ValidationError,
     WouldDeadlock,
 )
 from ..lost_session import end_session
-from ..migrate import SETTINGS_TABLE
-from ..outbox.tables import VERSION_KEY
 from ..outbox.versionstamp import MAX_INDEX
 from ..outbox.writer import entry_values
 from ..resilience import retry_read, shared_deadline
 from ..schema import new_external_id
 from ..session import CLEANUP_TIMEOUT, Session, current_transaction, outside_transactions
-from ..sql import Identifier, sql
 from .catalog import Catalog
 from .combine import combinable, combine, combine_committing, split
 from .ops import Check, MutationOp
+from .records import counter_lock, find_record, key_statement, new_nonce
 from .retry import ExponentialBackoff, RetryPolicy
 from .stale import guarded, stale_index
 from .unit import UnitOfWork
@@ -42,19 +43,26 @@ from .unit import UnitOfWork
 if TYPE_CHECKING:
     from ..database import Database
 
+logger = logging.getLogger("aiofragno")
 T = TypeVar("T")
 Hook = Callable[[UnitOfWork], Any]
 DEFAULT_RETRY = ExponentialBackoff()
 # How long a lost session may take to end once asked to.
 END_SESSION_TIMEOUT = 30.0
+# Idempotency keys are stored as varchar(255) (the outbox's uow_id).
+MAX_KEY_LENGTH = 255
 
 
 @dataclass(frozen=True, slots=True)
 class UowHooks:
     """Instrumentation around the phases of each attempt (sync or async
-    callables taking the UnitOfWork). A hook that raises
-    :class:`~aiofragno.ConcurrencyConflict` makes the attempt count as a conflict
-    (and be retried); any other exception ends the unit, rolled back."""
+    callables taking the UnitOfWork). A ``before_mutation`` or
+    ``on_conflict`` hook that raises :class:`~aiofragno.ConcurrencyConflict`
+    makes the attempt count as a conflict (and be retried); any other
+    exception ends the unit, rolled back. ``after_mutation`` runs once the
+    unit has committed: what it raises is logged (``aiofragno`` logger) and
+    does not change the outcome — the unit stays committed and
+    ``execute_uow`` returns its value."""
 
     before_mutation: Hook | None = None
     after_mutation: Hook | None = None
@@ -108,45 +116,85 @@ class HeldConnection:
         return await retry_read(self.db.options.reconnect_deadline, read_all)
 
 
-async def committed(db: Database, uow: UnitOfWork, lost: CommitOutcomeUnknown) -> bool:
-    """Whether ``uow``'s mutation phase committed, after its connection broke
-    during COMMIT (``lost``): its outbox entry exists. The lost server session
-    is ended first (:mod:`aiofragno.lost_session`), so nothing can commit the
-    phase after we looked; the counter row is locked as well, so a commit
-    that finished just now is visible. All of it on connections of its own,
-    even when the caller has a transaction open: held there, the counter's
-    lock would stop the unit's re-run until the caller — who waits for
-    that re-run — commits."""
-    counter = sql(
-        "SELECT {v} FROM {t} WHERE {k} = {key}" + db.adapter.row_share_lock,
-        v=Identifier("value"),
-        t=Identifier(SETTINGS_TABLE),
-        k=Identifier("key"),
-        key=VERSION_KEY,
-    )
+async def committed(db: Database, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnknown) -> bool:
+    """Whether this call's mutation phase committed, after its connection
+    broke during COMMIT (``lost``): its record exists (:mod:`.records`)
+    with this call's ``nonce``. The lost server session is ended first
+    (:mod:`aiofragno.lost_session`), so nothing can commit the phase after
+    we looked; with the outbox, the counter row is locked as well, so a
+    commit that finished just now is visible. All of it on connections of
+    its own, even when the caller has a transaction open: held there, the
+    counter's lock would stop the unit's re-run until the caller — who
+    waits for that re-run — commits. Raises :class:`AlreadyApplied` when
+    the record is another call's (this one cannot have committed: the key
+    is unique); any other error means the outcome is still unknown."""
 
     async def look() -> bool:
-        try:
-            await end_session(db, lost.server_session, END_SESSION_TIMEOUT)
-        except SessionStillRunning as exc:
-            raise CommitOutcomeUnknown(
-                f"{lost}; and the lost session could not be ended, so whether unit of work "
-                f"{uow.uow_id} committed cannot be told yet ({exc})",
-                server_session=lost.server_session,
-            ) from exc
+        await end_session(db, lost.server_session, END_SESSION_TIMEOUT)
         try:
             async with db.transaction() as tx:
-                await tx.fetch(counter)
-                entry = await db.outbox.find(uow.uow_id)
+                if db.options.outbox:
+                    await tx.fetch(counter_lock(db))
+                record = await find_record(db, tx, uow.uow_id)
         except CommitOutcomeUnknown as exc:
             # This transaction only read: losing its COMMIT loses nothing.
             raise ConnectionLost(str(exc)) from exc
-        if entry is not None:
-            uow.versionstamp = entry.versionstamp
-        return entry is not None
+        if record is None:
+            return False
+        if record.nonce != nonce:
+            raise _already_applied(uow.uow_id, record.versionstamp)
+        uow.versionstamp = record.versionstamp
+        return True
 
     with outside_transactions():
         return await retry_read(db.options.reconnect_deadline, look)
+
+
+def _already_applied(key: str, versionstamp: str | None) -> AlreadyApplied:
+    entry = "" if versionstamp is None else f" (outbox entry {versionstamp})"
+    return AlreadyApplied(
+        f"a unit of work with idempotency_key {key!r} has already committed{entry}; "
+        "this one wrote nothing. A key applies a unit once: treat this as that unit's "
+        "success, or use a new key for new work",
+        idempotency_key=key,
+        versionstamp=versionstamp,
+    )
+
+
+async def _settle(db: Database, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnknown) -> bool:
+    """:func:`committed`, where every failure to tell is a
+    :class:`CommitOutcomeUnknown` chained to what went wrong: the unit may
+    have committed, so neither a plain error (as if nothing was done) nor a
+    re-run would be true."""
+    try:
+        return await committed(db, uow, nonce, lost)
+    except AlreadyApplied:
+        raise
+    except Exception as exc:
+        raise CommitOutcomeUnknown(
+            f"{lost}; then looking up whether unit of work {uow.uow_id} committed failed "
+            f"({type(exc).__name__}: {exc}), so it may or may not have been applied. "
+            f"Once the database answers, look for its effects (or run it again with the "
+            f"same idempotency_key, which raises AlreadyApplied if it committed)",
+            sqlstate=lost.sqlstate,
+            code=lost.code,
+            server_session=lost.server_session,
+        ) from exc
+
+
+async def _key_taken(db: Database, uow: UnitOfWork, nonce: str) -> AlreadyApplied | None:
+    """After a unique violation in a unit with an idempotency key: the
+    :class:`AlreadyApplied` to raise when another call's record holds the
+    key, or None when the violation was another constraint (or the look-up
+    failed, which leaves the violation as the answer: nothing committed)."""
+    try:
+        with outside_transactions():
+            record = await find_record(db, db, uow.uow_id)
+    except Exception:
+        return None
+    if record is None or record.nonce == nonce:
+        return None
+    return _already_applied(uow.uow_id, record.versionstamp)
 
 
 def _check_not_waiting_for_itself(db: Database) -> None:
@@ -167,12 +215,20 @@ async def run_mutations(
     catalog: Catalog,
     isolation: IsolationLevel | None,
     notify: Callable[[CompiledQuery], Any] | None,
+    record_key: str | None,
+    nonce: str,
 ) -> None:
-    """The mutation phase: every write in one transaction, or none; with the
-    outbox on, the unit's outbox entry is written last in the same transaction."""
+    """The mutation phase: every write in one transaction, or none. Last in
+    the same transaction, the unit's record (:mod:`.records`): with the
+    outbox on, its outbox entry; else, given ``record_key``, that key."""
     ops = uow.mutations
-    values = _entry_values(db, uow, catalog) if db.options.outbox else None
-    entry = [] if values is None else db.outbox_statements.queries(values)
+    values = _entry_values(db, uow, catalog, nonce) if db.options.outbox else None
+    if values is not None:
+        entry = db.outbox_statements.queries(values)
+    elif record_key is not None and _writes(ops):
+        entry = [key_statement(db, record_key, nonce)]
+    else:
+        entry = []
     if notify is not None:
         for query in (*(op.query for op in ops), *entry):
             notify(query)
@@ -196,14 +252,21 @@ async def run_mutations(
             # The outbox entry reserves its version (locking the counter row
             # until COMMIT), so it goes out together with the COMMIT.
             written = await session.commit(entry)
-        if entry:
-            uow.versionstamp = db.outbox_statements.versionstamp(written)
     except BaseException:
         await _rollback(session)
         raise
+    if values is not None:
+        uow.versionstamp = db.outbox_statements.versionstamp(written)
 
 
-def _entry_values(db: Database, uow: UnitOfWork, catalog: Catalog) -> dict[str, Any] | None:
+def _writes(ops: Sequence[MutationOp]) -> bool:
+    """Whether ``ops`` change anything (checks alone do not)."""
+    return any(not isinstance(op, Check) for op in ops)
+
+
+def _entry_values(
+    db: Database, uow: UnitOfWork, catalog: Catalog, nonce: str
+) -> dict[str, Any] | None:
     """What the unit's outbox entry binds (:func:`entry_values`); None when
     the unit writes nothing (its checks alone make no entry)."""
     writes = [op for op in uow.mutations if not isinstance(op, Check)]
@@ -217,6 +280,7 @@ def _entry_values(db: Database, uow: UnitOfWork, catalog: Catalog) -> dict[str, 
     return entry_values(
         db.codec,
         uow_id=uow.uow_id,
+        nonce=nonce,
         schema=catalog.layout.schema.name,
         namespace=catalog.layout.namespace,
         writes=writes,
@@ -264,18 +328,20 @@ def _check(ops: Sequence[MutationOp], results: Sequence[QueryResult]) -> None:
     """Raise the conflict of the first operation that matched no row."""
     for op, result in zip(ops, results, strict=False):  # (a batch may stop early)
         if op.conflicted(result):
-            raise _Conflict(_stale(op))
+            raise _mismatch(op)
 
 
-def _stale_conflict(ops: Sequence[MutationOp], exc: DataError) -> _Conflict | None:
+def _stale_conflict(ops: Sequence[MutationOp], exc: DataError) -> _Conflict | RowNotFound | None:
     """The conflict of the operation whose stale check the database aborted
     with ``exc`` (:mod:`.stale`), or None if ``exc`` is another error."""
     index = stale_index(str(exc))
-    return None if index is None else _Conflict(_stale(ops[index]))
+    return None if index is None else _mismatch(ops[index])
 
 
-def _stale(op: MutationOp) -> str:
-    return f"{op.op} on {op.table.name} {str(op.target)!r}: the row changed or is gone"
+def _mismatch(op: MutationOp) -> _Conflict | RowNotFound:
+    """What an operation that matched no row makes of the phase: a conflict
+    if the unit had seen the row, else :class:`RowNotFound`."""
+    return _Conflict(op.stale()) if op.seen else RowNotFound(f"{op.stale()}; nothing was written")
 
 
 def _abort_sql(db: Database, ops: Sequence[MutationOp]) -> str | None:
@@ -352,6 +418,24 @@ async def _rollback(session: Session) -> None:
             session.broken = True  # discarded at checkin; the server rolls back
 
 
+def check_idempotency_key(key: object) -> str:
+    """``key`` if it can name a unit of work: a str of 1 to 255 characters
+    that every backend stores as given (no NUL, no lone surrogates)."""
+    if not isinstance(key, str):
+        raise ValidationError(f"idempotency_key must be a str, got {type(key).__name__}")
+    if not 0 < len(key) <= MAX_KEY_LENGTH:
+        raise ValidationError(
+            f"idempotency_key must have 1 to {MAX_KEY_LENGTH} characters, got {len(key)}"
+        )
+    if "\x00" in key:
+        raise ValidationError("idempotency_key must not contain NUL (\\x00) characters")
+    try:
+        key.encode()
+    except UnicodeEncodeError as exc:
+        raise ValidationError(f"idempotency_key is not valid Unicode text: {exc}") from None
+    return key
+
+
 async def execute_uow(
     db: Database,
     catalog: Catalog,
@@ -365,8 +449,14 @@ async def execute_uow(
     hooks: UowHooks | None = None,
 ) -> T:
     policy = DEFAULT_RETRY if retry is None else retry
+    if idempotency_key is not None:
+        check_idempotency_key(idempotency_key)
     uow_id = new_external_id() if idempotency_key is None else idempotency_key
+    # Names this call: its record tells it from an earlier call's with the same key.
+    nonce = new_nonce()
     hooks = hooks or NO_HOOKS
+    # A unit leaves a record to settle a lost COMMIT by: its outbox entry, or its key.
+    settles = db.options.outbox or idempotency_key is not None
     # One reconnect budget for the whole unit, shared by every retry inside it.
     with shared_deadline(db.options.reconnect_deadline) as lost:
         attempt = 0
@@ -388,7 +478,9 @@ async def execute_uow(
                         return value
                     _check_not_waiting_for_itself(db)
                     await _call(hooks.before_mutation, uow)
-                    await run_mutations(db, held, uow, catalog, isolation, on_query)
+                    await run_mutations(
+                        db, held, uow, catalog, isolation, on_query, idempotency_key, nonce
+                    )
                 finally:
                     # Released before any backoff sleep below.
                     await held.release()
@@ -404,17 +496,22 @@ async def execute_uow(
                 await runtime.sleep(delay)
                 continue
             except CommitOutcomeUnknown as lost_commit:
-                # Without writes the commit changed nothing; with the outbox on, the
-                # unit's entry tells whether it committed. Otherwise we cannot know,
-                # and re-running could apply the writes twice.
-                has_writes = any(not isinstance(op, Check) for op in uow.mutations)
-                if has_writes and not db.options.outbox:
-                    raise
-                if has_writes and not await committed(db, uow, lost_commit):
-                    if not await lost.wait():
+                # Without writes the commit changed nothing; with a record (the
+                # outbox entry, or the key's row) the look-up tells whether it
+                # committed. Otherwise we cannot know, and re-running could
+                # apply the writes twice.
+                if _writes(uow.mutations):
+                    if not settles:
                         raise
-                    db.stats.lost_connection_retries += 1
-                    continue
+                    if not await _settle(db, uow, nonce, lost_commit):
+                        if not await lost.wait():
+                            raise ConnectionLost(
+                                f"{lost_commit}; unit of work {uow_id} did not commit (its "
+                                "session has ended without it), and the database stayed "
+                                "unreachable for the rest of reconnect_deadline"
+                            ) from lost_commit
+                        db.stats.lost_connection_retries += 1
+                        continue
                 db.stats.commits_resolved += 1
             except (ConnectionLost, DatabaseUnavailable):
                 # Lost before COMMIT was sent: the server rolled the phase back.
@@ -422,6 +519,24 @@ async def execute_uow(
                     raise
                 db.stats.lost_connection_retries += 1
                 continue
-            await _call(hooks.after_mutation, uow)
+            except UniqueViolation as violation:
+                taken = None if idempotency_key is None else await _key_taken(db, uow, nonce)
+                if taken is not None:
+                    raise taken from violation
+                raise
+            await _after_commit(hooks, uow)
             db.stats.units += 1
             return value
+
+
+async def _after_commit(hooks: UowHooks, uow: UnitOfWork) -> None:
+    """The ``after_mutation`` hook: the unit has committed, so what the hook
+    raises must not make it look as if it had not."""
+    try:
+        await _call(hooks.after_mutation, uow)
+    except Exception:
+        logger.exception(
+            "the after_mutation hook failed after unit of work %s committed; "
+            "the unit stays committed",
+            uow.uow_id,
+        )

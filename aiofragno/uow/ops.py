@@ -365,12 +365,20 @@ class Count(RetrievalOp):
 
 class MutationOp:
     """A queued write; compiled (and its values checked) when queued.
-    ``checked`` ops make the mutation phase fail as a conflict when they match
-    no row. ``lookups``: the external ids of referenced rows that its
-    statement looks up (in a subquery)."""
+
+    ``must_match`` ops (updates, deletes, checks) stop the mutation phase
+    when they match no row, so that it commits only when every operation
+    did what it says (and the outbox entry describes what committed). That
+    is a conflict — the unit runs again — when the unit had seen the row
+    (``seen``: the target is a RowId with a version, from a read or a
+    create) or checked its version; else the row was never there, which
+    :class:`~aiofragno.errors.RowNotFound` reports. ``lookups``: the
+    external ids of referenced rows that its statement looks up (in a
+    subquery)."""
 
     op: str
     checked: bool = False
+    must_match: bool = True
     lookups: tuple[str, ...] = ()
 
     def __init__(self, table: TableInfo, target: RowId | str) -> None:
@@ -379,8 +387,24 @@ class MutationOp:
         self.query: CompiledQuery
 
     def conflicted(self, result: QueryResult) -> bool:
+        """Whether the phase stops at this operation's ``result``."""
         # (For a check, a SELECT, rows_affected is the rows it returned.)
-        return self.checked and result.rows_affected == 0
+        return self.must_match and result.rows_affected == 0
+
+    @property
+    def seen(self) -> bool:
+        """Whether the unit knew the row: a conflict, not a missing row, if it is gone."""
+        return self.checked or getattr(self.target, "version", None) is not None
+
+    def stale(self) -> str:
+        """What went wrong, when this operation matched no row."""
+        if self.checked:
+            why = "the row changed or is gone"
+        elif self.seen:
+            why = "the row is gone"
+        else:
+            why = "there is no such row"
+        return f"{self.op} on {self.table.name} {str(self.target)!r}: {why}"
 
 
 _MISSING = object()
@@ -388,6 +412,7 @@ _MISSING = object()
 
 class Create(MutationOp):
     op = "create"
+    must_match = False
 
     def __init__(self, catalog: Catalog, table: TableInfo, values: Mapping[str, Any]) -> None:
         _check_mapping(table, values, "create")

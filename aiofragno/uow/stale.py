@@ -29,12 +29,13 @@ def stale_index(message: str) -> int | None:
 
 
 def guarded(ops: Sequence[MutationOp], guard: StaleGuard) -> list[CompiledQuery]:
-    """``ops``' statements, each checked one followed by its guard: run as one
-    batch, the batch ends at the first operation that matched no row."""
+    """``ops``' statements, each one that must match a row followed by its
+    guard: run as one batch, the batch ends at the first operation that
+    matched no row."""
     queries: list[CompiledQuery] = []
     for index, op in enumerate(ops):
         queries.append(op.query)
-        if op.checked:
+        if op.must_match:
             queries.append(_guard(guard, isinstance(op, Check), index))
     return queries
 

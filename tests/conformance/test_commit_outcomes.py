@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
 
 import aiofragno as af
@@ -54,11 +55,15 @@ class Shop:
         return await self.db.execute_uow(fn, schema=SHOP, namespace=self.namespace, **options)
 
     async def balance(self, owner: str) -> int:
-        query = af.sql("SELECT balance FROM {t} WHERE owner = {o}", t=self.ident("accounts"), o=owner)
+        query = af.sql(
+            "SELECT balance FROM {t} WHERE owner = {o}", t=self.ident("accounts"), o=owner
+        )
         return int(await self.db.fetch_value(query))
 
     async def transfers(self) -> int:
-        return int(await self.db.fetch_value(af.sql("SELECT COUNT(*) FROM {t}", t=self.ident("transfers"))))
+        return int(
+            await self.db.fetch_value(af.sql("SELECT COUNT(*) FROM {t}", t=self.ident("transfers")))
+        )
 
     async def entries(self, uow_id: str) -> list[af.OutboxEntry]:
         return [e for e in await self.db.outbox.list(limit=10_000) if e.uow_id == uow_id]
@@ -203,3 +208,236 @@ async def test_stale_write_stops_the_batch_when_the_client_is_gone(
 async def _seed(uow: af.UnitOfWork) -> None:
     uow.create("accounts", {"owner": "alice", "balance": 100})
     uow.create("accounts", {"owner": "bob", "balance": 100})
+
+
+# -- 2/3. idempotency keys: a unit applied once per key --------------------------
+
+
+@pytest.fixture(params=[True, False], ids=["outbox", "no-outbox"])
+async def keyed_shop(
+    request: pytest.FixtureRequest, url: str, target: Target
+) -> AsyncIterator[Shop]:
+    """A seeded namespace on a Database with the outbox on or off (a key
+    then records itself in a table of its own)."""
+    async with af.connect(url, backend=target.backend, pool_size=4, outbox=request.param) as db:
+        namespaces = Namespaces(db)
+        namespace = namespaces.use(db, SHOP).namespace
+        try:
+            await db.migrate(SHOP, namespace=namespace)
+            await db.execute_uow(_seed, schema=SHOP, namespace=namespace)
+            yield Shop(db, namespace)
+        finally:
+            await namespaces.drop()
+
+
+def new_key() -> str:
+    # Keys are unique in the database, across tests and runs.
+    return f"key-{uuid.uuid4()}"
+
+
+async def test_a_key_applies_a_unit_once(keyed_shop: Shop) -> None:
+    """A second unit with a key that already committed writes nothing and
+    raises AlreadyApplied (naming the first unit's outbox entry, with the
+    outbox on) — also when it would write something else entirely."""
+    shop = keyed_shop
+    key = new_key()
+    await shop.run(debit(10), idempotency_key=key)
+    with pytest.raises(af.AlreadyApplied) as raised:
+        await shop.run(debit(25), idempotency_key=key)
+    assert raised.value.idempotency_key == key
+    assert await shop.balance("alice") == 90
+    assert await shop.transfers() == 1
+    if shop.db.options.outbox:
+        [entry] = await shop.entries(key)
+        assert raised.value.versionstamp == entry.versionstamp
+    else:
+        assert raised.value.versionstamp is None
+    # A unit with another key is not affected.
+    await shop.run(debit(5), idempotency_key=new_key())
+    assert await shop.balance("alice") == 85
+
+
+async def test_concurrent_units_with_one_key(keyed_shop: Shop) -> None:
+    """Eight tasks run a unit with the same key at once: exactly one commits,
+    every other raises AlreadyApplied, and the effects are there once."""
+    shop = keyed_shop
+    key = new_key()
+    outcomes: list[Any] = []
+    retry = af.ExponentialBackoff(max_retries=50, initial=0.001, maximum=0.02)
+
+    async def one() -> None:
+        try:
+            outcomes.append(await shop.run(debit(10), idempotency_key=key, retry=retry))
+        except af.AlreadyApplied as exc:
+            outcomes.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(8):
+            tg.start_soon(one)
+    assert sum(not isinstance(o, af.AlreadyApplied) for o in outcomes) == 1, outcomes
+    assert len(outcomes) == 8
+    assert await shop.balance("alice") == 90
+    assert await shop.transfers() == 1
+    if shop.db.options.outbox:
+        assert len(await shop.entries(key)) == 1
+
+
+class LostBeforeServer:
+    """Makes the next COMMIT of a mutation phase (the message that would
+    commit it, whichever form it takes) fail as a lost connection before
+    anything of it is sent: the server never commits, and the client cannot
+    tell that from a lost reply."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from aiofragno.session import Session
+
+        self.armed = False
+        self.fired = 0
+        original = Session._committing
+        fault = self
+
+        async def committing(session: Any, operation: Any) -> Any:
+            if not fault.armed:
+                return await original(session, operation)
+            fault.armed = False
+            fault.fired += 1
+            operation.close()  # (never sent)
+
+            async def lost() -> None:
+                raise af.ConnectionLost("connection lost (injected, before COMMIT was sent)")
+
+            return await original(session, lost())
+
+        monkeypatch.setattr(Session, "_committing", committing)
+
+    def arm(self, uow: af.UnitOfWork | None = None) -> None:
+        if not self.fired:
+            self.armed = True
+
+
+async def test_reused_key_with_a_lost_commit_is_not_reported_done(
+    keyed_shop: Shop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key committed earlier; a later unit with the same key loses its
+    COMMIT before it reaches the server. Its look-up finds the key's record
+    — the earlier call's, not its own — so it must not report success (it
+    wrote nothing): AlreadyApplied, and nothing of it in the database."""
+    shop = keyed_shop
+    key = new_key()
+    await shop.run(debit(10), idempotency_key=key)
+    fault = LostBeforeServer(monkeypatch)
+    with pytest.raises(af.AlreadyApplied):
+        await shop.run(debit(25), idempotency_key=key, hooks=af.UowHooks(before_mutation=fault.arm))
+    assert fault.fired == 1, "the fault was not injected"
+    assert await shop.balance("alice") == 90
+    assert await shop.transfers() == 1
+
+
+async def test_own_commit_lost_before_the_server_runs_again(
+    keyed_shop: Shop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first use of a key whose COMMIT never reached the server: the
+    look-up finds no record, the unit runs again and is applied once."""
+    shop = keyed_shop
+    key = new_key()
+    fault = LostBeforeServer(monkeypatch)
+    attempts = await shop.run(
+        debit(10), idempotency_key=key, hooks=af.UowHooks(before_mutation=fault.arm)
+    )
+    assert fault.fired == 1, "the fault was not injected"
+    assert attempts == 2
+    assert await shop.balance("alice") == 90
+    assert await shop.transfers() == 1
+
+
+@pytest.mark.parametrize(
+    "key", [b"bytes", 42, "", "x" * 256, "nul\x00inside", "lone\ud800surrogate"]
+)
+async def test_bad_idempotency_keys_are_refused(shop: Shop, key: Any) -> None:
+    with pytest.raises(af.ValidationError, match="idempotency_key"):
+        await shop.run(debit(10), idempotency_key=key)
+    with pytest.raises(af.ValidationError, match="idempotency_key"):
+        await shop.run(debit(10), idempotency_key=key, dry_run=True)
+    assert await shop.balance("alice") == 100
+
+
+# -- 4. an update or delete whose row is not there -------------------------------
+
+
+@pytest.mark.parametrize("op", ["update", "delete"])
+@pytest.mark.parametrize("first", [True, False], ids=["missing-first", "missing-last"])
+async def test_write_to_a_missing_row_writes_nothing(
+    keyed_shop: Shop, op: str, first: bool
+) -> None:
+    """An unchecked update or delete of a row that does not exist (an id
+    the unit never read) raises RowNotFound: the unit's other writes are
+    rolled back and no outbox entry announces a change that did not
+    happen. (Both orders: the combined statement, the guarded batch and
+    the statement-by-statement phase all stop at it.)"""
+    shop = keyed_shop
+    key = new_key()
+
+    async def unit(uow: af.UnitOfWork) -> None:
+        alice = uow.find_first("accounts", where={"owner": "alice"})
+        await uow.retrieve()
+        writes = [
+            lambda: uow.update("accounts", alice.result["id"], {"balance": 0}),
+            lambda: uow.create("transfers", {"src": alice.result["id"], "amount": 1}),
+        ]
+        missing = (
+            (lambda: uow.update("accounts", "no-such-row", {"balance": 1}))
+            if op == "update"
+            else (lambda: uow.delete("transfers", "no-such-row"))
+        )
+        for write in [missing, *writes] if first else [*writes, missing]:
+            write()
+
+    with pytest.raises(af.RowNotFound, match="no-such-row"):
+        await shop.run(unit, retry=af.NoRetry(), idempotency_key=key)
+    assert await shop.balance("alice") == 100
+    assert await shop.transfers() == 0
+    if shop.db.options.outbox:
+        assert await shop.entries(key) == []
+    # Nothing recorded the key either: it can still be used.
+    await shop.run(debit(10), idempotency_key=key)
+
+
+async def test_write_to_a_row_deleted_since_it_was_read_runs_again(keyed_shop: Shop) -> None:
+    """A row the unit read is deleted by someone else before the unit's
+    unchecked update: that is a conflict (the world changed since the unit
+    looked), so the unit runs again and sees the row gone. The outbox entry
+    has only what the second run committed."""
+    shop = keyed_shop
+    seen: list[bool] = []
+
+    async def add_victim(uow: af.UnitOfWork) -> None:
+        uow.create("accounts", {"owner": "victim", "balance": 7})
+
+    await shop.run(add_victim)
+
+    async def remove_victim() -> None:
+        async def unit(uow: af.UnitOfWork) -> None:
+            row = uow.find_first("accounts", where={"owner": "victim"})
+            await uow.retrieve()
+            uow.delete("accounts", row.result["id"])
+
+        await shop.run(unit)
+
+    async def unit(uow: af.UnitOfWork) -> None:
+        victim = uow.find_first("accounts", where={"owner": "victim"})
+        alice = uow.find_first("accounts", where={"owner": "alice"})
+        await uow.retrieve()
+        seen.append(victim.result is not None)
+        if victim.result is not None:
+            if len(seen) == 1:
+                await remove_victim()
+            uow.update("accounts", victim.result["id"], {"balance": 0})
+        uow.update("accounts", alice.result["id"], {"balance": 1})
+
+    key = new_key()
+    await shop.run(unit, idempotency_key=key)
+    assert seen == [True, False]
+    assert await shop.balance("alice") == 1
+    if shop.db.options.outbox:
+        [entry] = await shop.entries(key)
+        assert [m["set"] for m in entry.mutations] == [{"balance": 1}]

@@ -203,10 +203,18 @@ class Load:
     outcomes: dict[int, Any] = field(default_factory=dict)  # RowId, or the exception
     finished: list[float] = field(default_factory=list)  # monotonic times of successes
     conflicts: int = 0
+    # Units run with an idempotency key: with the outbox off, the key's row
+    # then settles a lost COMMIT as the outbox entry does.
+    keyed: bool = True
 
     @property
     def outbox(self) -> bool:
         return bool(self.db.options.outbox)
+
+    @property
+    def settles(self) -> bool:
+        """Whether a lost COMMIT of these units is settled (not CommitOutcomeUnknown)."""
+        return self.outbox or self.keyed
 
     def transfer(self, seq: int) -> Callable[[af.UnitOfWork], Awaitable[af.RowId]]:
         src, dst, amount = plan(seq)
@@ -236,7 +244,7 @@ class Load:
                 schema=BANK,
                 namespace=self.bank.namespace,
                 retry=RETRY,
-                idempotency_key=self.bank.key(seq),
+                idempotency_key=self.bank.key(seq) if self.keyed else None,
                 hooks=af.UowHooks(on_conflict=self._count_conflict),
             )
         except Exception as exc:
@@ -294,8 +302,8 @@ async def audit(
     * ``tolerate``: errors of known, separately tested bugs not to fail for
       (their units are still checked: applied at most once, and not at all
       unless the error is a ``CommitOutcomeUnknown``);
-    * ``strict`` (default: when the load's Database has the outbox, which
-      resolves lost COMMITs): every unit returned;
+    * ``strict`` (default: when the load's lost COMMITs are settled — the
+      outbox on, or units with idempotency keys): every unit returned;
     * finally, any unit that failed raised a documented connection error
       (else :class:`Misclassified`).
     """
@@ -352,7 +360,7 @@ async def audit(
     assert versions == list(range(first, first + len(versions))), "outbox versions have gaps"
 
     for load in loads:
-        if strict or (strict is None and load.outbox):
+        if strict or (strict is None and load.settles):
             failed = {
                 seq: error
                 for seq, error in load.outcomes.items()
@@ -467,7 +475,8 @@ async def test_backends_killed_repeatedly_during_load(
         server.proxied(pool_size=CONCURRENCY // 2, outbox=False) as (proxy, plain_db),
         server.connect(server.via(proxy), pool_size=CONCURRENCY // 2, outbox=True) as outbox_db,
     ):
-        plain, outboxed = Load(bank, plain_db), Load(bank, outbox_db)
+        # (The plain units have no key: their lost COMMITs stay unknown.)
+        plain, outboxed = Load(bank, plain_db, keyed=False), Load(bank, outbox_db)
         started = time.monotonic()
         with anyio.fail_after(TEST_LIMIT):
             async with anyio.create_task_group() as tg:
@@ -590,11 +599,11 @@ async def test_lost_commit_resolved_inside_a_callers_transaction(
 
 
 async def test_commit_never_reached_server_without_outbox(server: Server, bank: Bank) -> None:
-    """The same without the outbox: the client cannot tell this from a lost
-    reply, so it reports CommitOutcomeUnknown and re-runs nothing — and
-    indeed nothing was written."""
+    """The same without the outbox or an idempotency key: the client cannot
+    tell this from a lost reply, so it reports CommitOutcomeUnknown and
+    re-runs nothing — and indeed nothing was written."""
     async with server.proxied(pool_size=2, outbox=False) as (proxy, db):
-        load = Load(bank, db)
+        load = Load(bank, db, keyed=False)
         proxy.drop_after(b"COMMIT", forward=False)
         with anyio.fail_after(TEST_LIMIT):
             outcome = await load.run(0)
@@ -606,6 +615,27 @@ async def test_commit_never_reached_server_without_outbox(server: Server, bank: 
         # The Database replaced the connection and goes on.
         assert isinstance(await load.run(1), af.RowId)
     await audit(load, strict=False)
+
+
+@pytest.mark.parametrize("forward", [False, True], ids=["never-reached", "reply-lost"])
+async def test_lost_commit_settled_by_the_key_without_outbox(
+    server: Server, bank: Bank, forward: bool
+) -> None:
+    """Without the outbox, a unit given an idempotency key records the key
+    in its transaction: after a lost COMMIT the executor ends the session
+    and finds the key's row — this call's — or not. A COMMIT that never
+    reached the server re-runs the unit; one whose reply was lost reports
+    success without re-running it. Applied exactly once either way."""
+    async with server.proxied(pool_size=2, outbox=False) as (proxy, db):
+        load = Load(bank, db)
+        proxy.drop_after(b"COMMIT", forward=forward)
+        with anyio.fail_after(TEST_LIMIT):
+            outcome = await load.run(0)
+        assert proxy.drops == 1, "the fault was not injected"
+        assert isinstance(outcome, af.RowId), outcome
+        assert load.calls[0] == (1 if forward else 2)
+        assert await bank.seqs() == Counter({0: 1})
+    await audit(load, strict=True)
 
 
 async def test_commit_reply_lost_with_outbox(server: Server, bank: Bank) -> None:
@@ -621,6 +651,57 @@ async def test_commit_reply_lost_with_outbox(server: Server, bank: Bank) -> None
         assert isinstance(outcome, af.RowId), outcome
         assert load.calls[0] == 1
     await audit(load, strict=True)
+
+
+@pytest.mark.parametrize("outbox", [True, False], ids=["outbox", "key-only"])
+@pytest.mark.parametrize("forward", [True, False], ids=["reply-lost", "never-reached"])
+async def test_lost_commit_whose_lookup_cannot_connect_is_unknown(
+    server: Server, bank: Bank, outbox: bool, forward: bool
+) -> None:
+    """The message that commits the unit is lost (its reply, or itself), and
+    then the server refuses new connections for longer than the unit's
+    reconnect budget, so the look-up that would settle the COMMIT cannot
+    run. Whether the unit committed is unknown: it must raise
+    CommitOutcomeUnknown (chained to the look-up's error) — never
+    DatabaseUnavailable, which would say that nothing was done and invite a
+    second application — and it must not run again. Once the server is
+    back, a retry with the same key settles it: AlreadyApplied if the first
+    call committed, else applied now; once either way."""
+    async with server.proxied(
+        pool_size=1, outbox=outbox, reconnect_deadline=DEADLINE, connect_timeout=CONNECT_TIMEOUT
+    ) as (proxy, db):
+        load = Load(bank, db)
+        marker = outbox_commit(bank, 0) if outbox else b"COMMIT"
+        proxy.drop_after(marker, forward=forward)
+
+        def refuse(uow: af.UnitOfWork) -> None:
+            proxy.refuse(True)  # (the unit's own connection is open already)
+
+        with anyio.fail_after(TEST_LIMIT):
+            try:
+                await db.execute_uow(
+                    load.transfer(0),
+                    schema=BANK,
+                    namespace=bank.namespace,
+                    idempotency_key=bank.key(0),
+                    hooks=af.UowHooks(before_mutation=refuse),
+                )
+                outcome: BaseException | None = None
+            except Exception as exc:
+                outcome = exc
+            assert proxy.drops == 1, "the fault was not injected"
+            proxy.refuse(False)
+            again = await load.run(0)  # the same key, the server reachable again
+    assert isinstance(outcome, af.CommitOutcomeUnknown), repr(outcome)
+    assert isinstance(outcome.__cause__, af.ConnectionLost | af.DatabaseUnavailable), repr(
+        outcome.__cause__
+    )
+    assert load.calls[0] == 2  # once in the faulted call, once in the retry
+    if forward:
+        assert isinstance(again, af.AlreadyApplied), repr(again)
+    else:
+        assert isinstance(again, af.RowId), repr(again)
+    assert await bank.seqs() == Counter({0: 1})
 
 
 async def test_commit_in_flight_when_connection_lost_with_outbox(
@@ -641,10 +722,11 @@ async def test_commit_in_flight_when_connection_lost_with_outbox(
 
 
 async def test_commit_reply_lost_without_outbox(server: Server, bank: Bank) -> None:
-    """The server commits but its reply is lost, no outbox: CommitOutcomeUnknown,
-    the unit is not re-run, and its write is in the database exactly once."""
+    """The server commits but its reply is lost, no outbox and no key:
+    CommitOutcomeUnknown, the unit is not re-run, and its write is in the
+    database exactly once."""
     async with server.proxied(pool_size=2, outbox=False) as (proxy, db):
-        load = Load(bank, db)
+        load = Load(bank, db, keyed=False)
         proxy.drop_after(b"COMMIT", forward=True)
         with anyio.fail_after(TEST_LIMIT):
             outcome = await load.run(0)

@@ -546,9 +546,14 @@ async def test_operations_that_depend_on_each_other_run_one_by_one(
     assert not sent.combined()
     assert await shop.count("transfers") == 1
 
+    async def add_person(uow: af.UnitOfWork) -> af.RowId:
+        return uow.create("people", {"email": "old@example.com"})
+
+    old = await shop.run(add_person)
+
     async def close_bob(uow: af.UnitOfWork) -> None:
         uow.update("accounts", ids["alice"], {"note": "third"})
-        uow.delete("people", "no-such-person")
+        uow.delete("people", old)
         uow.create("people", {"email": "bob@example.com"})
 
     await shop.run(close_bob)
@@ -1368,7 +1373,14 @@ async def test_delete_with_and_without_check(shop: Env) -> None:
         uow.delete("accounts", ids["a"], check=True)  # fresh version: deleted
         uow.delete("accounts", ids["c"])  # stale version, unchecked: deleted
         uow.delete("accounts", str(ids["d"]))  # plain id string
-        uow.delete("accounts", "no-such-id")  # unchecked: nothing to do, no conflict
+
+    async def missing(uow: af.UnitOfWork) -> None:
+        uow.delete("accounts", ids["a"], check=True)
+        uow.delete("accounts", "no-such-id")  # unchecked, but there must be a row
+
+    with pytest.raises(af.RowNotFound, match="no-such-id"):
+        await shop.run(missing, retry=af.NoRetry())
+    assert await shop.snapshot() == before  # the whole unit rolled back
 
     await shop.run(deletes, retry=af.NoRetry())
     remaining = await shop.find("accounts")
@@ -1756,8 +1768,9 @@ async def test_uow_id_is_stable_across_retries(shop: Env) -> None:
         target = stale(bob) if len(seen) < 2 else bob
         uow.update("accounts", target, {"balance": 0}, check=True)
 
-    await shop.run(keyed, retry=RecordingPolicy(limit=5), idempotency_key="order-42")
-    assert seen == ["order-42", "order-42"]
+    key = f"order-{uuid.uuid4()}"  # (keys are unique in the database: one per test run)
+    await shop.run(keyed, retry=RecordingPolicy(limit=5), idempotency_key=key)
+    assert seen == [key, key]
 
 
 # -- execution: statements, transactions, dry runs, hooks, cache ------------------
@@ -2042,7 +2055,6 @@ async def test_sql_is_cached_by_shape(shop: Env) -> None:
             row = a.result
             uow.update("accounts", row["id"], {"balance": row["balance"] + i}, check=True)
             uow.create("transfers", {"src": row["id"], "dst": ids[owners[0]], "amount": i})
-            uow.delete("transfers", "nothing-here")
 
         return unit
 

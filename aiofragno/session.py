@@ -149,6 +149,18 @@ class Session:
 
     def _commit_failed(self, exc: Exception, was_open: bool) -> Exception:
         error = self.fail(exc)
+        if isinstance(exc, TimeoutError) and was_open:
+            # The client stopped waiting (command_timeout), not the server:
+            # the COMMIT may still be applied, and the connection is in an
+            # unknown state.
+            self.broken = True
+            return CommitOutcomeUnknown(
+                f"no reply to COMMIT within command_timeout, so the transaction may or may "
+                f"not have been applied; check before re-running it ({error})",
+                sqlstate=getattr(error, "sqlstate", None),
+                code=getattr(error, "code", None),
+                server_session=self.connection.server_session,
+            )
         if isinstance(error, ConnectionLost) and was_open:
             return CommitOutcomeUnknown(
                 f"the connection broke while COMMIT was in flight, so the transaction may "

@@ -441,3 +441,39 @@ async def test_write_to_a_row_deleted_since_it_was_read_runs_again(keyed_shop: S
     if shop.db.options.outbox:
         [entry] = await shop.entries(key)
         assert [m["set"] for m in entry.mutations] == [{"balance": 1}]
+
+
+# -- a COMMIT the client stopped waiting for -------------------------------------
+
+
+async def test_commit_that_times_out_on_the_client_is_settled(
+    target: Target, url: str, shop: Shop
+) -> None:
+    """With ``command_timeout``, the client stops waiting for a statement —
+    also for the one that commits the phase (here blocked on a row lock
+    another session holds). That statement may still commit on the server,
+    so the timeout is an unknown outcome, never a plain QueryCanceled: with
+    the outbox on, the executor ends the session, finds no entry, and runs
+    the unit again once the lock is free. Applied once."""
+    if target.dialect == "sqlite":
+        pytest.skip("SQLite has no command_timeout")
+    accounts = shop.ident("accounts")
+    async with af.connect(
+        url, backend=target.backend, pool_size=2, outbox=True, command_timeout=0.5
+    ) as timed:
+        runs = Shop(timed, shop.namespace)
+        attempts: list[int] = []
+        key = new_key()
+
+        async def run() -> None:
+            attempts.append(await runs.run(debit(10), idempotency_key=key))
+
+        async with anyio.create_task_group() as tg, shop.db.transaction() as holder:
+            await holder.fetch(
+                af.sql("SELECT 1 FROM {t} WHERE owner = 'alice' FOR UPDATE", t=accounts)
+            )
+            tg.start_soon(run)
+            await anyio.sleep(2.0)  # several timeouts while the lock is held
+        assert attempts and attempts[0] >= 2, attempts
+    assert await shop.balance("alice") == 90
+    assert await shop.transfers() == 1

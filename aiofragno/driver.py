@@ -193,6 +193,13 @@ class DialectAdapter:
     # BEGIN to its end: a unit of work's writes cannot run while the same
     # task has a transaction open, which would wait for itself.
     one_writer: bool = False
+    # Run first in a mutation phase at "repeatable read" or "serializable"
+    # with the outbox on: it waits for the outbox counter's writers before
+    # the transaction takes its snapshot. Without it, reserving a version
+    # fails as a serialization conflict whenever another outbox unit
+    # committed after the snapshot was taken (PostgreSQL's first-updater-
+    # wins rule; LOCK TABLE takes no snapshot). None: no such rule.
+    outbox_snapshot_lock_sql: str | None = None
     # Statements that stop a batch at a stale operation on the server (see
     # :class:`StaleGuard`), so that a transaction's writes, their checks, the
     # outbox entry and COMMIT can go out as one batch. None: the results are

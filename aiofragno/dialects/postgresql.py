@@ -51,6 +51,9 @@ ADAPTER = DialectAdapter(
     # (The text is not an integer, and the error quotes it.)
     abort_sql="CAST({message} AS integer)",
     storage=StorageProfile(text_rejects_nul=True, extreme_dates_are_infinity=True),
+    # (The settings table holds the counter row; this mode lets readers and
+    # row-share lockers through, and waits for — then holds off — writers.)
+    outbox_snapshot_lock_sql='LOCK TABLE "fragno_db_settings" IN SHARE ROW EXCLUSIVE MODE',
     session_process_sql=f"SELECT pid AS process FROM pg_stat_activity WHERE {SESSION} = {{session}}",
     end_process_sql="SELECT pg_terminate_backend({process})",
     ddl=DdlSpec(

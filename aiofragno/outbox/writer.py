@@ -31,13 +31,13 @@ _RESERVE = {
         "DO UPDATE SET {v} = CAST(CAST({t}.{v} AS BIGINT) + 1 AS TEXT) RETURNING {v}"
     ),
     # LAST_INSERT_ID(expr) puts the new version in the statement's OK packet
-    # (its insert id), so no SELECT is needed to learn it — also when the
-    # statement creates the row, at version 1: the row then gets an id of
-    # its own (-1, which AUTO_INCREMENT never hands out), since a generated
-    # one would take LAST_INSERT_ID()'s place.
+    # (its insert id), so no SELECT is needed to learn it. The session
+    # variable keeps it for the entry's insert, in both branches (VALUES is
+    # evaluated first, then the update, if any).
     "insert-on-duplicate-last-insert-id": (
-        "INSERT INTO {t} ({id}, {k}, {v}) VALUES (-1, {key}, LAST_INSERT_ID(1)) "
-        "ON DUPLICATE KEY UPDATE {v} = LAST_INSERT_ID(CAST({v} AS UNSIGNED) + 1)"
+        "INSERT INTO {t} ({k}, {v}) VALUES ({key}, @aiofragno_version := 1) "
+        "ON DUPLICATE KEY UPDATE {v} = "
+        "LAST_INSERT_ID(@aiofragno_version := CAST({v} AS UNSIGNED) + 1)"
     ),
 }
 # The version just reserved, as the statement after the reservation sees it.
@@ -45,9 +45,11 @@ _RESERVED = {
     # Read back from the counter row, which this transaction holds.
     "insert-on-conflict-returning": "(SELECT {v} FROM {t} WHERE {k} = {key})",
     # Session state, not a read: a subquery on the counter row costs MariaDB
-    # ~60 us more per unit (measured). Not ROW_COUNT(), which is -1 once the
-    # client has gone (the server runs the rest of a batch regardless).
-    "insert-on-duplicate-last-insert-id": "LAST_INSERT_ID()",
+    # ~60 us more per unit (measured). Not ROW_COUNT(), which tells the two
+    # branches apart but is -1 once the client has gone (the server runs the
+    # rest of a batch regardless), nor LAST_INSERT_ID(), which is the new
+    # row's generated id when the reservation creates the row.
+    "insert-on-duplicate-last-insert-id": "@aiofragno_version",
 }
 # The entry: its versionstamp and payload are the prepared texts with the
 # stand-in replaced by the reserved version, so nothing waits on a reply.
@@ -92,7 +94,6 @@ class OutboxStatements:
 
     def __init__(self, compiler: QueryCompiler, adapter: DialectAdapter) -> None:
         names = {
-            "id": Identifier("id"),
             "t": Identifier(SETTINGS_TABLE),
             "k": Identifier("key"),
             "v": Identifier("value"),
@@ -136,8 +137,10 @@ class OutboxStatements:
         then, and this must not make it look as if it were not)."""
         if self._stamp_returned:
             return str(next(iter(results[-1].rows[0].values())))
-        # The reservation's insert id is the version (LAST_INSERT_ID(expr)).
-        version = results[0].insert_id
+        reserved = results[0]
+        # One affected row: the counter row was created, at version 1; two:
+        # it was updated, and the insert id carries the new version.
+        version = 1 if reserved.rows_affected == 1 else reserved.insert_id
         return None if version is None else f"{version:020x}0000"
 
 

@@ -49,6 +49,8 @@ Hook = Callable[[UnitOfWork], Any]
 DEFAULT_RETRY = ExponentialBackoff()
 # How long a lost session may take to end once asked to.
 END_SESSION_TIMEOUT = 30.0
+# Isolation levels whose transactions read one snapshot throughout.
+_SNAPSHOT_LEVELS = frozenset({"repeatable read", "serializable"})
 # Idempotency keys are stored as varchar(255) (the outbox's uow_id).
 MAX_KEY_LENGTH = 255
 
@@ -240,6 +242,8 @@ async def run_mutations(
             return
     await session.begin(isolation)
     try:
+        if values is not None and isolation in _SNAPSHOT_LEVELS:
+            await _lock_counter_before_snapshot(db, session)
         guard = db.adapter.stale_guard
         if db.adapter.checks_batches_in_process:
             written = await _write_and_commit(session, ops, entry)
@@ -257,6 +261,17 @@ async def run_mutations(
         raise
     if values is not None:
         uow.versionstamp = db.outbox_statements.versionstamp(written)
+
+
+async def _lock_counter_before_snapshot(db: Database, session: Session) -> None:
+    """At a snapshot isolation level, wait for the outbox counter before the
+    first statement takes the snapshot (:attr:`DialectAdapter.outbox_snapshot_lock_sql`):
+    the reservation then reads the counter's newest version instead of
+    failing on every outbox unit that committed meanwhile. Such units run
+    one at a time with the other outbox writers for their whole phase."""
+    lock = db.adapter.outbox_snapshot_lock_sql
+    if lock is not None:
+        await session.execute(CompiledQuery(lock))
 
 
 def _writes(ops: Sequence[MutationOp]) -> bool:

@@ -13,7 +13,6 @@ import functools
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from itertools import chain
 from typing import Any
 
 import asyncmy
@@ -127,6 +126,27 @@ def _bind(raw: Any, sql: str, parameters: Sequence[Any]) -> str:
     )
 
 
+# How much SQL text one round trip carries at most (in characters, up to 4
+# bytes each): a batch longer than this goes out in several, in order. The
+# server refuses a packet over its max_allowed_packet, 16 MiB by default on
+# MariaDB, 64 MiB on MySQL 8.
+MAX_BATCH_CHARS = 2 * 1024 * 1024
+
+
+def _pieces(texts: list[str]) -> list[list[str]]:
+    """``texts`` cut, in order, into multi-statement texts of at most
+    :data:`MAX_BATCH_CHARS` characters (a longer statement goes alone)."""
+    pieces: list[list[str]] = [[]]
+    size = 0
+    for text in texts:
+        if size + len(text) > MAX_BATCH_CHARS and pieces[-1]:
+            pieces.append([])
+            size = 0
+        pieces[-1].append(text)
+        size += len(text) + 2
+    return pieces
+
+
 async def _read_result(cursor: Any) -> QueryResult:
     description = cursor.description
     if description is None:
@@ -170,23 +190,25 @@ class AsyncmyConnection:
     ) -> list[QueryResult]:
         lead, self._begin = self._begin, []
         if len(queries) == 1 and not lead:
-            sql, parameters = queries[0]
+            texts = [_bind(self._raw, *queries[0])]
         else:
-            sql = ";\n".join([*lead, *(query.sql for query in queries)])
-            parameters = tuple(chain.from_iterable(query.parameters for query in queries))
+            texts = [*lead, *(_bind(self._raw, *query) for query in queries)]
         results: list[QueryResult] = []
-        async with self._raw.cursor() as cursor:
-            await cursor.execute(_bind(self._raw, sql, parameters))
-            for _ in lead:
-                await cursor.nextset()
-            for index in range(len(queries)):
-                if index:
-                    await cursor.nextset()
-                result = await _read_result(cursor)
-                results.append(result)
-                if stop is not None and stop(index, result):
-                    await _drain(cursor)
-                    break
+        skip = len(lead)  # (the lead's own results are not asked for)
+        for piece in _pieces(texts):
+            async with self._raw.cursor() as cursor:
+                await cursor.execute(";\n".join(piece))
+                for n in range(len(piece)):
+                    if n:
+                        await cursor.nextset()
+                    if skip:
+                        skip -= 1
+                        continue
+                    result = await _read_result(cursor)
+                    results.append(result)
+                    if stop is not None and stop(len(results) - 1, result):
+                        await _drain(cursor)
+                        return results
         return results
 
     async def begin(self, isolation: IsolationLevel | None) -> None:

@@ -145,6 +145,7 @@ _CODES: dict[str, tuple[type[Error], str]] = {
     "1146": (ProgrammingError, "42S02"),
     "1054": (ProgrammingError, "42S22"),
     "1406": (DataError, "22001"),
+    "1153": (DataError, "HY000"),  # a statement longer than max_allowed_packet
     "1264": (DataError, "22003"),
     "1366": (DataError, "HY000"),
     "1292": (DataError, "22007"),

@@ -7,8 +7,8 @@ of one per operation.
 Every part of a WITH sees the snapshot the statement started with, and none
 sees the others' changes. So only operations whose outcome cannot depend on
 their order are combined: each on a different row, none referring to a row
-that another creates, and no deletes (a cascade acts on rows of its own).
-Other phases run statement by statement.
+that another creates, and no deletes. A phase is cut into such runs
+(:func:`groups`), each one statement of bounded size, run in order.
 
 With the outbox on, the statement can also carry the unit's outbox entry and
 run outside any transaction, committing on its own (:func:`combine_committing`):
@@ -32,22 +32,52 @@ from .stale import STALE
 _QUERY = attrgetter("query")
 
 
+# How big one statement may grow: PostgreSQL allows at most 1,664 columns in
+# its select list (one count per operation, plus the versionstamp) and 32,767
+# parameters per statement.
+MAX_PARTS = 50
+MAX_PARAMETERS = 30_000
+
+
 def combinable(ops: Sequence[MutationOp]) -> bool:
-    """Whether ``ops`` give the same result run as one statement."""
+    """Whether ``ops`` give the same result run as one statement (and fit in one)."""
+    return len(groups(ops)) == 1 and not any(isinstance(op, Delete) for op in ops)
+
+
+def groups(ops: Sequence[MutationOp]) -> list[Sequence[MutationOp]]:
+    """``ops`` cut, in order, into runs that each give the same result run as
+    one statement: a run ends before an operation on a row it already
+    touches or that looks up a row it creates, and when it is full; a
+    delete runs alone. Run one after the other, the runs give the same
+    result as the operations one by one, in far fewer statements."""
+    runs: list[Sequence[MutationOp]] = []
+    run: list[MutationOp] = []
     touched: set[tuple[str, str]] = set()
     created: set[str] = set()
+    parameters = 0
     for op in ops:
-        if isinstance(op, Delete):
-            return False
         row = (op.table.name, str(op.target))
-        if row in touched:
-            return False
+        size = len(op.query.parameters)
+        if run and (
+            isinstance(op, Delete)
+            or row in touched
+            or any(ref in created for ref in op.lookups)
+            or len(run) == MAX_PARTS
+            or parameters + size > MAX_PARAMETERS
+        ):
+            runs.append(run)
+            run, touched, created, parameters = [], set(), set(), 0
+        run.append(op)
         touched.add(row)
+        parameters += size
         if isinstance(op, Create):
             created.add(row[1])
-    # A row created in this unit is found by its external id, which a part of
-    # the same WITH cannot see yet.
-    return not created or not any(ref in created for op in ops for ref in op.lookups)
+        elif isinstance(op, Delete):
+            runs.append(run)
+            run, touched, created, parameters = [], set(), set(), 0
+    if run:
+        runs.append(run)
+    return runs
 
 
 def combine(catalog: Catalog, ops: Sequence[MutationOp]) -> CompiledQuery:

@@ -3,6 +3,7 @@ mutation phase's transaction."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,7 +34,7 @@ from ..resilience import retry_read, shared_deadline
 from ..schema import new_external_id
 from ..session import CLEANUP_TIMEOUT, Session, current_transaction, outside_transactions
 from .catalog import Catalog
-from .combine import combinable, combine, combine_committing, split
+from .combine import combinable, combine, combine_committing, groups, split
 from .ops import Check, MutationOp
 from .records import counter_lock, find_record, key_statement, new_nonce
 from .retry import ExponentialBackoff, RetryPolicy
@@ -240,10 +241,9 @@ async def run_mutations(
         abort = _abort_sql(db, ops)
         if abort is not None and await _commit_alone(db, session, catalog, ops, values, abort, uow):
             return
-    await session.begin(isolation)
+    begin = functools.partial(_begin, db, session, isolation, values is not None)
     try:
-        if values is not None and isolation in _SNAPSHOT_LEVELS:
-            await _lock_counter_before_snapshot(db, session)
+        await begin()
         guard = db.adapter.stale_guard
         if db.adapter.checks_batches_in_process:
             written = await _write_and_commit(session, ops, entry)
@@ -252,7 +252,7 @@ async def run_mutations(
         else:
             # (After the one statement failed, only one statement per operation
             # tells which failed.)
-            _check(ops, await _write(db, session, catalog, ops, isolation, combined=abort is None))
+            _check(ops, await _write(db, session, catalog, ops, begin, combined=abort is None))
             # The outbox entry reserves its version (locking the counter row
             # until COMMIT), so it goes out together with the COMMIT.
             written = await session.commit(entry)
@@ -263,14 +263,18 @@ async def run_mutations(
         uow.versionstamp = db.outbox_statements.versionstamp(written)
 
 
-async def _lock_counter_before_snapshot(db: Database, session: Session) -> None:
-    """At a snapshot isolation level, wait for the outbox counter before the
-    first statement takes the snapshot (:attr:`DialectAdapter.outbox_snapshot_lock_sql`):
-    the reservation then reads the counter's newest version instead of
-    failing on every outbox unit that committed meanwhile. Such units run
-    one at a time with the other outbox writers for their whole phase."""
+async def _begin(
+    db: Database, session: Session, isolation: IsolationLevel | None, outbox: bool
+) -> None:
+    """Open the phase's transaction. With the outbox, at a snapshot isolation
+    level, first wait for the outbox counter, before any statement takes
+    the snapshot (:attr:`DialectAdapter.outbox_snapshot_lock_sql`): the
+    reservation then reads the counter's newest version instead of failing
+    on every outbox unit that committed meanwhile. Such units run one at a
+    time with the other outbox writers for their whole phase."""
+    await session.begin(isolation)
     lock = db.adapter.outbox_snapshot_lock_sql
-    if lock is not None:
+    if outbox and lock is not None and isolation in _SNAPSHOT_LEVELS:
         await session.execute(CompiledQuery(lock))
 
 
@@ -402,25 +406,45 @@ async def _write(
     session: Session,
     catalog: Catalog,
     ops: Sequence[MutationOp],
-    isolation: IsolationLevel | None,
+    begin: Callable[[], Awaitable[None]],
     *,
     combined: bool,
 ) -> list[QueryResult]:
-    """Run the operations in the open transaction; their results. One statement
-    where the database can combine them (and ``combined``), else one batch
-    (one round trip where the driver can) cut short at the first conflict;
-    either way a conflict rolls everything back afterwards."""
-    if combined and db.adapter.supports_writable_cte and len(ops) > 1 and combinable(ops):
-        try:
-            return split(ops, (await session.execute_batch([combine(catalog, ops)]))[0])
-        except (IntegrityError, DataError, ProgrammingError):
-            # Which operation failed, and whether a stale one came before it
-            # (then the unit conflicted), only a statement-by-statement run tells.
-            await session.rollback()
-            await session.begin(isolation)
+    """Run the operations in the open transaction; their results, cut short
+    at the first conflict (which rolls everything back afterwards). Where
+    the database can combine them (and ``combined``), runs of independent
+    operations go as one statement each (:func:`groups`); else one batch,
+    one round trip where the driver can. ``begin`` opens the transaction
+    again after a combined run failed."""
+    if combined and db.adapter.supports_writable_cte:
+        runs = groups(ops)
+        if len(runs) < len(ops):
+            try:
+                return await _write_runs(session, catalog, runs)
+            except (IntegrityError, DataError, ProgrammingError):
+                # Which operation failed, and whether a stale one came before it
+                # (then the unit conflicted), only a statement-by-statement run tells.
+                await session.rollback()
+                await begin()
     return await session.execute_batch(
         [op.query for op in ops], lambda index, result: ops[index].conflicted(result)
     )
+
+
+async def _write_runs(
+    session: Session, catalog: Catalog, runs: Sequence[Sequence[MutationOp]]
+) -> list[QueryResult]:
+    """Each run as one statement, in order, up to the first that conflicted."""
+    results: list[QueryResult] = []
+    for run in runs:
+        if len(run) == 1:
+            done = await session.execute_batch([run[0].query])
+        else:
+            done = split(run, (await session.execute_batch([combine(catalog, run)]))[0])
+        results += done
+        if any(op.conflicted(result) for op, result in zip(run, done, strict=True)):
+            break
+    return results
 
 
 async def _rollback(session: Session) -> None:

@@ -565,3 +565,55 @@ async def test_serializable_units_with_the_outbox_do_not_conflict_on_it(
         for key in keys:
             assert await db.outbox.find(key) is not None
     assert await shop.transfers() == 32
+
+
+# -- 9. units with many writes ---------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [1663, 1664, 1665])
+async def test_units_around_the_statement_size_limits_commit(keyed_shop: Shop, size: int) -> None:
+    """PostgreSQL combines independent writes into one statement, whose
+    select list holds at most 1,664 entries: a unit of any size must still
+    commit (in statements of bounded size), on every backend, with its
+    outbox entry describing every write."""
+    shop = keyed_shop
+    key = new_key()
+
+    async def unit(uow: af.UnitOfWork) -> None:
+        alice = uow.find_first("accounts", where={"owner": "alice"})
+        await uow.retrieve()
+        uow.update("accounts", alice.result["id"], {"balance": 1}, check=True)
+        for i in range(size - 1):
+            uow.create("transfers", {"src": alice.result["id"], "amount": i})
+
+    await shop.run(unit, idempotency_key=key)
+    assert await shop.transfers() == size - 1
+    assert await shop.balance("alice") == 1
+    if shop.db.options.outbox:
+        [entry] = await shop.entries(key)
+        assert len(entry.mutations) == size
+        assert [m["values"]["amount"] for m in entry.mutations[1:]] == list(range(size - 1))
+
+
+async def test_a_unit_of_many_dependent_writes_commits(keyed_shop: Shop) -> None:
+    """6,000 accounts and 6,000 transfers each referencing an account the
+    same unit creates, in one unit: committed as a whole, every reference
+    right (the writes that depend on earlier ones run after them)."""
+    shop = keyed_shop
+
+    async def unit(uow: af.UnitOfWork) -> None:
+        for i in range(6000):
+            account = uow.create("accounts", {"owner": f"bulk{i:05}", "balance": i})
+            uow.create("transfers", {"src": account, "amount": i})
+
+    await shop.run(unit)
+    transfers, accounts = shop.ident("transfers"), shop.ident("accounts")
+    wrong = await shop.db.fetch_value(
+        af.sql(
+            "SELECT COUNT(*) FROM {t} JOIN {a} ON {a}._id = {t}.src WHERE {a}.balance <> {t}.amount",
+            t=transfers,
+            a=accounts,
+        )
+    )
+    assert int(wrong) == 0
+    assert await shop.transfers() == 6000

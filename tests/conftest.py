@@ -5,6 +5,9 @@ with the reason when it is not; with ``AIOFRAGNO_REQUIRE_BACKENDS=postgresql,mys
 (as CI sets it) a missing server or driver fails the run instead.
 Select targets with ``--backend sqlite|postgresql|mysql`` and
 ``--runtime asyncio|trio`` (both repeatable).
+
+Tests that restart, crash or stall a server use a private one
+(``private_server``, from tests/servers.py), never the shared servers.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from functools import cache
 from urllib.parse import urlsplit
 
 import pytest
+
+pytest_plugins = ["tests.servers"]
 
 POSTGRES_URL = os.environ.get(
     "AIOFRAGNO_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"

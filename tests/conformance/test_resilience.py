@@ -2,8 +2,9 @@
 
 Nothing is mocked: connections are cut, stalled, refused and selectively
 dropped by a real TCP proxy (``tests/faults.py``), server backends are killed
-with ``pg_terminate_backend`` / ``KILL``, the servers are restarted with
-``backends/*.sh restart``, and SQLite's write lock is held by a second process.
+with ``pg_terminate_backend`` / ``KILL``, a private server of the test's own
+(``tests/servers.py``) is restarted and crashed, and SQLite's write lock is
+held by a second process.
 
 What each fault must give (the design's promises):
 
@@ -19,12 +20,12 @@ What each fault must give (the design's promises):
   then raises ``DatabaseUnavailable``; the same Database recovers by itself;
 * under all of it, money is conserved and no unit is applied twice.
 
-The server faults (proxy, kill, restart) need a server: on SQLite they are
-skipped with the reason; SQLite's own fault is another process holding the
-write lock. Restart and kill-under-load tests are ``slow``; the restart test
-bounces the shared servers, so other suites running against them at the same
-time will see the outage. Measured numbers (kills, recovery times) are
-printed: run with ``-s`` to see them.
+The server faults (proxy, kill, restart, crash) need a server: on SQLite
+they are skipped with the reason; SQLite's own fault is another process
+holding the write lock. Restart, crash and kill-under-load tests are
+``slow``; restarts and crashes happen only to the private server, never to
+the shared ones other suites use at the same time. Measured numbers (kills,
+recovery times) are printed: run with ``-s`` to see them.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -50,10 +51,10 @@ import aiofragno as af
 from tests.conformance.namespaces import Namespaces, new_namespace
 from tests.conftest import Target
 from tests.faults import Proxy, tcp_proxy
+from tests.servers import PrivateServer
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parents[2]
 ACCOUNTS = 50
 INITIAL_BALANCE = 1_000
 LOAD_UNITS = 1_000
@@ -162,9 +163,29 @@ class Bank:
 
 
 @pytest.fixture
+def private(target: Target, private_server: PrivateServer) -> Server:
+    """The target's private server (tests/servers.py), for the faults the
+    shared servers must not see: restarts and crashes."""
+    return Server(target, private_server.url, "127.0.0.1", private_server.port)
+
+
+@pytest.fixture
 async def bank(server: Server) -> AsyncIterator[Bank]:
+    async with open_bank(server) as made:
+        yield made
+
+
+@pytest.fixture
+async def private_bank(private: Server) -> AsyncIterator[Bank]:
+    async with open_bank(private) as made:
+        yield made
+
+
+@asynccontextmanager
+async def open_bank(server: Server) -> AsyncIterator[Bank]:
+    """A Bank in a new namespace on ``server``, dropped afterwards."""
     # pre_ping: after a restart the admin must not trip over its own dead
-    # idle connections (see STALE) when it inspects and cleans up.
+    # idle connections when it inspects and cleans up.
     async with server.connect(pool_size=4, pre_ping=True) as admin:
         namespaces = Namespaces(admin)
         namespace = namespaces.use(admin, BANK).namespace
@@ -1044,21 +1065,7 @@ async def test_stalled_network_health_check_and_recovery(
     await audit(load, strict=True)
 
 
-# -- server restart ----------------------------------------------------------------
-
-
-async def run_script(dialect: str, action: str) -> tuple[int, str]:
-    script = "postgres.sh" if dialect == "postgresql" else "mariadb.sh"
-    result = await anyio.run_process(
-        ["bash", str(ROOT / "backends" / script), action], check=False, cwd=ROOT
-    )
-    return result.returncode, (result.stdout + result.stderr).decode(errors="replace")
-
-
-async def ensure_running(dialect: str) -> None:
-    code, _ = await run_script(dialect, "status")
-    if code != 0:
-        await run_script(dialect, "start")
+# -- server restart and crash (a private server) -----------------------------------
 
 
 async def server_uptime(admin: af.Database) -> float:
@@ -1073,86 +1080,155 @@ async def server_uptime(admin: af.Database) -> float:
     return float(await admin.fetch_value(admin.raw(query)))
 
 
-@pytest.mark.slow
-async def test_server_restart_during_load(server: Server, bank: Bank, target: Target) -> None:
-    """16 workers keep running transfer units (outbox on) while the server is
-    restarted with ``backends/*.sh restart``. Every unit completes (they
-    wait out the outage), money is conserved, nothing is applied twice.
+@dataclass
+class Outage:
+    """How a load saw its server go down and come back (monotonic times)."""
 
-    Printed: when a probe (``is_healthy()`` every 20 ms on a separate Database)
-    saw the server go down and come back, and the recovery time: from the
-    start of the restart to the first unit that succeeded after the server was
-    seen down."""
-    dialect = target.dialect
+    start: float  # the fault began
+    ready: float = math.inf  # the server accepted connections again
+    down: float | None = None  # the probe first saw it down...
+    back: float | None = None  # ...and then up again
+
+    def saw(self, healthy: bool, now: float) -> None:
+        if not healthy and self.down is None:
+            self.down = now
+        elif healthy and self.down is not None and self.back is None:
+            self.back = now
+
+    def resumed(self, load: Load) -> float | None:
+        """When the first unit succeeded after the server was back."""
+        return min((t for t in load.finished if t > self.ready), default=None)
+
+    def describe(self, load: Load) -> str:
+        resumed = self.resumed(load)
+        last_before = max((t for t in load.finished if t < self.ready), default=None)
+
+        def rel(t: float | None) -> str:
+            return "-" if t is None else f"+{t - self.start:.2f}s"
+
+        gap = "-" if resumed is None or last_before is None else f"{resumed - last_before:.2f}s"
+        return (
+            f"seen down {rel(self.down)}, back {rel(self.back)}, server ready {rel(self.ready)}; "
+            f"recovery (first unit after that) {rel(resumed)}; no unit succeeded for {gap}"
+        )
+
+
+async def load_through_outage(
+    server: Server, bank: Bank, fault: Callable[[], Awaitable[object]]
+) -> tuple[Load, Outage]:
+    """16 workers run transfer units (outbox on) on ``server``; after 0.5 s,
+    ``fault()`` takes the server down and returns once it accepts connections
+    again. The workers go on until 200 units have completed since then (at
+    most 20 s), and one more unit runs after them. A probe (``is_healthy()``
+    every 20 ms on a Database of its own) records when the server was seen
+    down and back."""
     seqs = itertools.count()
     stop = False
-    at: dict[str, float] = {}
-    try:
-        async with (
-            server.connect(pool_size=CONCURRENCY, outbox=True) as db,
-            server.connect(pool_size=1, reconnect_deadline=None, connect_timeout=2.0) as probe_db,
-        ):
-            load = Load(bank, db)
+    outage: Outage | None = None
+    async with (
+        server.connect(pool_size=CONCURRENCY, outbox=True) as db,
+        server.connect(pool_size=1, reconnect_deadline=None, connect_timeout=2.0) as probe_db,
+    ):
+        load = Load(bank, db)
 
-            async def worker() -> None:
-                while not stop:
-                    await load.run(next(seqs))
+        async def worker() -> None:
+            while not stop:
+                await load.run(next(seqs))
 
-            async def probe() -> None:
-                while True:
-                    healthy = await probe_db.is_healthy()
-                    if "start" in at and not healthy:
-                        at.setdefault("down", time.monotonic())
-                    elif "down" in at and healthy:
-                        at.setdefault("back", time.monotonic())
-                    await anyio.sleep(0.02)
+        async def probe() -> None:
+            while True:
+                healthy = await probe_db.is_healthy()
+                if outage is not None:
+                    outage.saw(healthy, time.monotonic())
+                await anyio.sleep(0.02)
 
-            with anyio.fail_after(TEST_LIMIT):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(probe)
-                    # Workers are stopped, never cancelled: a cancelled unit
-                    # may have committed without its outcome being recorded.
-                    async with anyio.create_task_group() as workers:
-                        for _ in range(CONCURRENCY):
-                            workers.start_soon(worker)
-                        await anyio.sleep(0.5)
-                        at["start"] = time.monotonic()
-                        code, output = await run_script(dialect, "restart")
-                        at["script"] = time.monotonic()
-                        assert code == 0, output
-                        # Run on until units have been completing for a while again.
-                        while (  # noqa: ASYNC110 (polling a time-based condition)
-                            sum(1 for t in load.finished if t > at["script"]) < 200
-                            and time.monotonic() - at["script"] < 20
-                        ):
-                            await anyio.sleep(0.05)
-                        stop = True
-                    tg.cancel_scope.cancel()
-            await load.run(next(seqs))
-    finally:
-        await ensure_running(dialect)
+        with anyio.fail_after(TEST_LIMIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(probe)
+                # Workers are stopped, never cancelled: a cancelled unit
+                # may have committed without its outcome being recorded.
+                async with anyio.create_task_group() as workers:
+                    for _ in range(CONCURRENCY):
+                        workers.start_soon(worker)
+                    await anyio.sleep(0.5)
+                    outage = Outage(time.monotonic())
+                    await fault()
+                    outage.ready = time.monotonic()
+                    # Run on until units have been completing for a while again.
+                    while (  # noqa: ASYNC110 (polling a time-based condition)
+                        sum(1 for t in load.finished if t > outage.ready) < 200
+                        and time.monotonic() - outage.ready < 20
+                    ):
+                        await anyio.sleep(0.05)
+                    stop = True
+                tg.cancel_scope.cancel()
+        await load.run(next(seqs))
+    assert outage is not None
+    return load, outage
 
+
+async def check_outage(label: str, load: Load, outage: Outage, bank: Bank) -> None:
+    """Print the outage; the server was restarted, and the load saw it and
+    went on afterwards."""
     uptime = await server_uptime(bank.admin)
-    since_restart = time.monotonic() - at["start"]
-    resumed = min((t for t in load.finished if t > at.get("down", math.inf)), default=None)
-    last_before = max((t for t in load.finished if t < at.get("down", math.inf)), default=None)
-
-    def rel(t: float | None) -> str:
-        return "-" if t is None else f"+{t - at['start']:.2f}s"
-
+    since_fault = time.monotonic() - outage.start
     print(
-        f"\n[fault] {target} restart: seen down {rel(at.get('down'))}, back {rel(at.get('back'))}, "
-        f"script done {rel(at['script'])}; recovery (first unit after the outage) "
-        f"{rel(resumed)}; no unit succeeded for "
-        f"{'-' if resumed is None or last_before is None else f'{resumed - last_before:.2f}s'}; "
-        f"{len(load.outcomes)} units, {load.summary()}"
+        f"\n[fault] {label}: {outage.describe(load)}; {len(load.outcomes)} units, "
+        f"{load.summary()}, lost COMMITs settled through the outbox "
+        f"{load.db.stats.commits_resolved}"
     )
-    assert uptime <= since_restart + 1.0, (
-        f"the server has been up {uptime:.1f}s, the restart began {since_restart:.1f}s ago"
+    assert uptime <= since_fault + 1.0, (
+        f"the server has been up {uptime:.1f}s, the fault began {since_fault:.1f}s ago"
     )
-    assert "down" in at and "back" in at, f"the probe never saw the outage: {at}"
-    assert resumed is not None, "no unit succeeded after the outage"
+    assert outage.down is not None and outage.back is not None, (
+        f"the probe never saw the outage: {outage}"
+    )
+    assert outage.resumed(load) is not None, "no unit succeeded after the server was back"
+
+
+@pytest.mark.slow
+async def test_server_restart_during_load(
+    private_server: PrivateServer, private: Server, private_bank: Bank, target: Target
+) -> None:
+    """16 workers keep running transfer units (outbox on) while the target's
+    private server is restarted (PostgreSQL's fast shutdown, MariaDB's
+    normal shutdown; then started again). Every unit completes (they wait
+    out the outage), money is conserved, nothing is applied twice.
+
+    Printed: when a probe (``is_healthy()`` every 20 ms on a separate Database)
+    saw the server go down and come back, when it accepted connections again,
+    and the recovery time: from the start of the restart to the first unit
+    that succeeded after that."""
+    load, outage = await load_through_outage(
+        private, private_bank, partial(private_server.restart, "clean")
+    )
+    await check_outage(f"{target} restart", load, outage, private_bank)
     await audit(load, strict=True)
+
+
+@pytest.mark.slow
+async def test_server_crash_during_load(
+    private_server: PrivateServer, private: Server, private_bank: Bank, target: Target
+) -> None:
+    """The same, but the server crashes under the load (PostgreSQL's
+    immediate shutdown, ``pg_ctl stop -m immediate``; SIGKILL for mariadbd)
+    and is started again at once (crash recovery). Each unit either
+    succeeded — applied, with its outbox entry, exactly once — or raised
+    CommitOutcomeUnknown (applied at most once) or DatabaseUnavailable (not
+    applied); money is conserved, the outbox versions are contiguous, and no
+    unit has two entries. Printed as for the restart."""
+    load, outage = await load_through_outage(
+        private, private_bank, partial(private_server.restart, "crash")
+    )
+    await check_outage(f"{target} crash", load, outage, private_bank)
+    odd = {
+        seq: error
+        for seq, error in load.outcomes.items()
+        if isinstance(error, Exception)
+        and not isinstance(error, af.CommitOutcomeUnknown | af.DatabaseUnavailable)
+    }
+    assert not odd, f"units failed with other errors: {odd}"
+    await audit(load, strict=False)
 
 
 # -- SQLite: another process holds the write lock ----------------------------------

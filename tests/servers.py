@@ -1,0 +1,624 @@
+"""Private database servers for tests that restart, crash or stall a server.
+
+The shared servers (PostgreSQL on 127.0.0.1:5432, MariaDB on :3306) serve
+every suite at once: no test restarts, stops or reconfigures them. A test
+that needs to do that to a server gets one of its own, started from the
+installed Debian packages under a temporary directory, listening on
+127.0.0.1 and a free port:
+
+* PostgreSQL: ``initdb`` (trust auth) and ``postgres`` from the newest
+  ``/usr/lib/postgresql/*/bin`` (or ``$AIOFRAGNO_TEST_PG_BIN``), a database
+  ``test``; ``fsync`` and ``synchronous_commit`` on, as crash tests need.
+* MariaDB: ``mariadb-install-db`` and ``mariadbd`` with ``--no-defaults``
+  (nothing of /etc/mysql applies), root without a password over TCP, a
+  database ``test``, ``innodb_flush_log_at_trx_commit=1``; the character set
+  and name resolution as Debian configures the shared server.
+
+Run as root (as in CI), the servers run as the ``postgres`` / ``mysql`` OS
+user (PostgreSQL refuses root); otherwise as the current user.
+
+In a test, through the fixtures (``pytest_plugins`` in tests/conftest.py)::
+
+    async def test_crash(private_server: PrivateServer, target: Target) -> None:
+        async with af.connect(private_server.url, backend=target.backend) as db:
+            ...
+            await private_server.stop("crash")  # pg_ctl stop -m immediate / SIGKILL
+            await private_server.start()        # crash recovery; returns when ready
+
+``private_server`` is the target's server (a test on a SQLite target is
+skipped). One server per dialect serves the whole session, shared by the
+tests of both runtimes: starting one takes about a second (``initdb`` /
+``mariadb-install-db``), a restart a tenth of that. After each test it is
+running again (resumed, or started if the test left it stopped), or replaced
+by a new one if it cannot be started; tests keep their data apart as on the
+shared servers (unique namespaces). The times are listed at the end of the
+run ("private test servers").
+
+Cleanup is guaranteed: the session's teardown stops each server and removes
+its directory, also after a failed or interrupted (Ctrl-C) test; and a
+watchdog process (``tests/server_watchdog.py``) does it when the test
+process ends without teardown (killed, or SIGTERM from a CI timeout). The
+servers run in sessions of their own, so a Ctrl-C in the terminal reaches
+only pytest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import pwd
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, ClassVar, Literal
+
+import anyio.to_thread
+import pytest
+
+from tests.conftest import Target, required_dialects
+from tests.server_watchdog import signal_server
+
+StopMode = Literal["clean", "crash"]
+
+START_TIMEOUT = 60.0  # seconds until a started server accepts connections (crash recovery included)
+STOP_TIMEOUT = 60.0  # seconds a server has to stop before it is killed
+POLL = 0.02  # seconds between readiness checks
+# Below Linux's ephemeral range (32768-60999 by default), so that no outgoing
+# connection takes the port while the server is down for a restart.
+PORTS = range(20000, 32768)
+WATCHDOG = Path(__file__).with_name("server_watchdog.py")
+
+
+class ServerUnavailable(Exception):
+    """The server cannot be run here (not installed, no OS user for it)."""
+
+
+class ServerFailed(RuntimeError):
+    """The server did not start or stop as it should; the message ends with
+    the last lines of its log."""
+
+
+class PrivateServer(ABC):
+    """One database server of a test's own, in a temporary directory.
+
+    Not thread-safe: one lifecycle call at a time. The ``*_blocking`` methods
+    are for fixtures; the async ones run them in a worker thread, so that a
+    test's load goes on while the server stops and starts.
+    """
+
+    dialect: ClassVar[str]
+    service_user: ClassVar[str]  # the OS user the server runs as when we are root
+    # How each stop mode is asked for: a signal to the server's main process.
+    stop_signals: ClassVar[dict[StopMode, signal.Signals]]
+
+    def __init__(self) -> None:
+        self._run_as = self.service_user if os.geteuid() == 0 else None
+        self._check_installed()
+        self.port = free_port()
+        self.timings: list[tuple[str, float]] = []  # (what, seconds), for the run's summary
+        self._process: subprocess.Popen[bytes] | None = None
+        self.directory = Path(tempfile.mkdtemp(prefix=f"aiofragno-{self.dialect}-"))
+        try:
+            if self._run_as is not None:
+                user = pwd.getpwnam(self._run_as)
+                os.chown(self.directory, user.pw_uid, user.pw_gid)
+            self._watchdog = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(WATCHDOG),
+                    str(self.directory),
+                    self.stop_signals["crash"].name,
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except BaseException:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<{type(self).__name__} {self.url} {state} in {self.directory}>"
+
+    # -- what each server does differently ---------------------------------------
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """The URL of the ``test`` database (for ``af.connect``)."""
+
+    @abstractmethod
+    def _check_installed(self) -> None:
+        """Raise ServerUnavailable (saying what to install) if the server cannot run."""
+
+    @abstractmethod
+    def _initialise(self) -> None:
+        """Create the data directory (the server is not running yet)."""
+
+    @abstractmethod
+    def _after_first_start(self) -> None:
+        """Anything that needs the running server once (the ``test`` database)."""
+
+    @abstractmethod
+    def _command(self) -> list[str]:
+        """The server's command line: it runs in the foreground."""
+
+    @abstractmethod
+    def _ready(self, pid: int) -> bool:
+        """Whether the server process ``pid`` accepts connections."""
+
+    @property
+    @abstractmethod
+    def log(self) -> Path:
+        """Where the server's output goes."""
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether the server process runs (it may be paused)."""
+        return self._process is not None and self._process.poll() is None
+
+    def create_blocking(self) -> None:
+        """Initialise the data directory, start the server, create ``test``."""
+        started = time.monotonic()
+        self._initialise()
+        self.timings.append(("initialise", time.monotonic() - started))
+        self.start_blocking()
+        self._after_first_start()
+
+    def start_blocking(self) -> float:
+        """Start the server (after a crash: with recovery) and return the
+        seconds until it accepted connections. Raises ServerFailed, with its
+        log, if it exits or is not ready within START_TIMEOUT (then it is
+        killed)."""
+        if self.running:
+            raise ServerFailed(f"{self!r} is already running")
+        started = time.monotonic()
+        with self.log.open("ab") as log:
+            process = self._spawn(self._command(), log)
+        self._process = process
+        (self.directory / "server.pid").write_text(str(process.pid))  # for the watchdog
+        while not self._ready(process.pid):
+            if process.poll() is not None:
+                raise ServerFailed(f"{self!r} exited with {process.returncode}{self._log_tail()}")
+            if time.monotonic() - started > START_TIMEOUT:
+                self._kill()
+                raise ServerFailed(
+                    f"{self!r} not ready after {START_TIMEOUT}s; killed{self._log_tail()}"
+                )
+            time.sleep(POLL)
+        elapsed = time.monotonic() - started
+        self.timings.append(("start", elapsed))
+        return elapsed
+
+    def stop_blocking(self, mode: StopMode = "clean") -> float:
+        """Stop the server and return the seconds until its process ended.
+
+        ``clean``: PostgreSQL's fast shutdown (``pg_ctl stop -m fast``: open
+        transactions rolled back, clients disconnected, a checkpoint),
+        MariaDB's normal shutdown (SIGTERM). ``crash``: PostgreSQL's immediate
+        shutdown (``pg_ctl stop -m immediate``: every process quits at once,
+        no checkpoint; the next start recovers from the WAL), SIGKILL for
+        MariaDB (InnoDB recovers at the next start). A paused server is
+        resumed to act on it; one that has not ended after STOP_TIMEOUT is
+        killed (and ServerFailed raised)."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return 0.0
+        started = time.monotonic()
+        process.send_signal(self.stop_signals[mode])
+        self.resume()
+        try:
+            process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            raise ServerFailed(
+                f"{self!r} did not stop ({mode}) within {STOP_TIMEOUT}s; killed" + self._log_tail()
+            ) from None
+        elapsed = time.monotonic() - started
+        self.timings.append((f"stop {mode}", elapsed))
+        return elapsed
+
+    async def start(self) -> float:
+        """:meth:`start_blocking`, in a worker thread."""
+        return await anyio.to_thread.run_sync(self.start_blocking)
+
+    async def stop(self, mode: StopMode = "clean") -> float:
+        """:meth:`stop_blocking`, in a worker thread."""
+        return await anyio.to_thread.run_sync(self.stop_blocking, mode)
+
+    async def restart(self, mode: StopMode = "clean") -> float:
+        """Stop (``mode``) and start again; the seconds the start took."""
+        await self.stop(mode)
+        return await self.start()
+
+    def pause(self) -> None:
+        """Stall the server: SIGSTOP to all its processes. Connections stay
+        open and nothing is answered (a hung server, not a dead one) until
+        :meth:`resume`."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Undo :meth:`pause` (harmless if not paused)."""
+        self._signal(signal.SIGCONT)
+
+    def close(self) -> None:
+        """Crash-stop the server if it runs (killed if it does not end), and
+        remove its directory. Idempotent."""
+        if self.running:
+            with contextlib.suppress(ServerFailed):  # (then it was killed)
+                self.stop_blocking("crash")
+        self._process = None
+        shutil.rmtree(self.directory, ignore_errors=True)
+        if self._watchdog.stdin is not None:
+            self._watchdog.stdin.close()  # the watchdog finds nothing to do and exits
+        self._watchdog.wait()
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _spawn(self, command: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+        """``command`` as the service user, in a session of its own (so that
+        a terminal's Ctrl-C does not reach it), in the server's directory,
+        its output to ``log``."""
+        user = pwd.getpwnam(self._run_as) if self._run_as is not None else None
+        return subprocess.Popen(
+            command,
+            cwd=self.directory,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            user=user.pw_uid if user else None,
+            group=user.pw_gid if user else None,
+            extra_groups=[] if user else None,
+        )
+
+    def _run(self, command: list[str], *, what: str) -> None:
+        """Run a set-up command to completion as the service user; its output
+        goes to the log. Raises ServerFailed if it fails."""
+        with self.log.open("ab") as log:
+            process = self._spawn(command, log)
+        if process.wait(START_TIMEOUT) != 0:
+            raise ServerFailed(f"{what} failed with {process.returncode}{self._log_tail()}")
+
+    def _signal(self, sig: signal.Signals) -> None:
+        """``sig`` for the running server's processes."""
+        if self.running:
+            assert self._process is not None
+            signal_server(self._process.pid, sig)
+
+    def _kill(self) -> None:
+        self._signal(signal.SIGKILL)
+        if self._process is not None:
+            self._process.wait()
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            tail = self.log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return ""
+        return f"; the last lines of {self.log}:\n" + "\n".join(tail)
+
+
+class PostgresServer(PrivateServer):
+    """PostgreSQL: ``initdb`` and ``postgres`` (see the module docstring)."""
+
+    dialect = "postgresql"
+    service_user = "postgres"
+    # What pg_ctl sends for "stop -m fast" and "stop -m immediate" (SIGTERM
+    # would be a smart shutdown, which waits for every client to disconnect).
+    stop_signals: ClassVar[dict[StopMode, signal.Signals]] = {
+        "clean": signal.SIGINT,
+        "crash": signal.SIGQUIT,
+    }
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/test"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "postgres.log"
+
+    @property
+    def data(self) -> Path:
+        return self.directory / "data"
+
+    def _check_installed(self) -> None:
+        self.bin = postgres_bin()
+        if self._run_as is not None:
+            service_account(self._run_as)
+
+    def _initialise(self) -> None:
+        # --no-sync: a fresh cluster need not survive an OS crash; the server
+        # itself runs with fsync on.
+        self._run(
+            [
+                str(self.bin / "initdb"),
+                f"--pgdata={self.data}",
+                "--username=postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C.UTF-8",
+                "--no-sync",
+                "--no-instructions",
+            ],
+            what="initdb",
+        )
+
+    def _after_first_start(self) -> None:
+        self._run(
+            [
+                str(self.bin / "psql"),
+                *("-X", "-q", "-w", "-h", "127.0.0.1", "-p", str(self.port)),
+                *("-U", "postgres", "-d", "postgres", "-c", "CREATE DATABASE test"),
+            ],
+            what="CREATE DATABASE test",
+        )
+
+    def _command(self) -> list[str]:
+        settings = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(self.port),
+            "unix_socket_directories": str(self.directory),
+            "fsync": "on",
+            "synchronous_commit": "on",
+            "timezone": "UTC",
+        }
+        options = [arg for name, value in settings.items() for arg in ("-c", f"{name}={value}")]
+        return [str(self.bin / "postgres"), "-D", str(self.data), *options]
+
+    def _ready(self, pid: int) -> bool:
+        # As pg_ctl tells: postmaster.pid names this process and says "ready"
+        # (written once recovery is over and connections are accepted).
+        try:
+            lines = (self.data / "postmaster.pid").read_text().splitlines()
+        except OSError:
+            return False
+        return len(lines) >= 8 and lines[0] == str(pid) and lines[7].strip() == "ready"
+
+
+class MariaDBServer(PrivateServer):
+    """MariaDB: ``mariadb-install-db`` and ``mariadbd`` (see the module docstring)."""
+
+    dialect = "mysql"
+    service_user = "mysql"
+    stop_signals: ClassVar[dict[StopMode, signal.Signals]] = {
+        "clean": signal.SIGTERM,
+        "crash": signal.SIGKILL,
+    }
+
+    @property
+    def url(self) -> str:
+        return f"mysql://root@127.0.0.1:{self.port}/test"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "mariadb.log"
+
+    def _check_installed(self) -> None:
+        self.mariadbd = find_program("mariadbd", "apt-get install mariadb-server")
+        self.install_db = find_program("mariadb-install-db", "apt-get install mariadb-server")
+        if self._run_as is not None:
+            service_account(self._run_as)
+
+    def _server_options(self) -> list[str]:
+        """Options for both the bootstrap and the server."""
+        return [
+            "--no-defaults",
+            f"--datadir={self.directory / 'data'}",
+            "--innodb-log-file-size=16M",  # (not the 96M default: quicker to create)
+        ]
+
+    def _initialise(self) -> None:
+        self._run(
+            [
+                str(self.install_db),
+                *self._server_options(),
+                "--auth-root-authentication-method=normal",
+            ],
+            what="mariadb-install-db",
+        )
+
+    def _after_first_start(self) -> None:
+        """Nothing: mariadb-install-db created the database ``test``."""
+
+    def _command(self) -> list[str]:
+        return [
+            str(self.mariadbd),
+            *self._server_options(),
+            "--bind-address=127.0.0.1",
+            f"--port={self.port}",
+            f"--socket={self.directory / 'mysqld.sock'}",
+            f"--pid-file={self.directory / 'mysqld.pid'}",
+            # As Debian configures the shared server:
+            "--skip-name-resolve",
+            "--character-set-server=utf8mb4",
+            "--collation-server=utf8mb4_general_ci",
+            "--innodb-flush-log-at-trx-commit=1",
+        ]
+
+    def _ready(self, pid: int) -> bool:
+        # The server greets a new connection (protocol version 10) only once
+        # it handles connections: after InnoDB recovery and the grant tables.
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as probe:
+                greeting = probe.recv(5)
+        except OSError:
+            return False
+        return len(greeting) == 5 and greeting[4] == 10
+
+
+SERVERS: dict[str, type[PrivateServer]] = {"postgresql": PostgresServer, "mysql": MariaDBServer}
+
+
+def postgres_bin() -> Path:
+    """``$AIOFRAGNO_TEST_PG_BIN``, or the newest ``/usr/lib/postgresql/*/bin``."""
+    configured = os.environ.get("AIOFRAGNO_TEST_PG_BIN")
+    candidates = (
+        [Path(configured)]
+        if configured
+        else sorted(
+            Path("/usr/lib/postgresql").glob("*/bin"),
+            key=lambda path: [int(part) for part in path.parent.name.split(".") if part.isdigit()],
+            reverse=True,
+        )
+    )
+    for candidate in candidates:
+        if all((candidate / tool).is_file() for tool in ("initdb", "postgres", "psql")):
+            return candidate
+    raise ServerUnavailable(
+        "no PostgreSQL server binaries (initdb, postgres, psql) in "
+        f"{configured or '/usr/lib/postgresql/*/bin'}; apt-get install postgresql "
+        "(or point AIOFRAGNO_TEST_PG_BIN at them)"
+    )
+
+
+def find_program(name: str, install: str) -> Path:
+    path = shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin"]))
+    if path is None:
+        raise ServerUnavailable(f"{name} is not installed; {install}")
+    return Path(path)
+
+
+def service_account(user: str) -> None:
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        raise ServerUnavailable(
+            f"running as root, the server must run as the OS user {user!r}, which does not exist "
+            "(the Debian package creates it)"
+        ) from None
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing is bound to, below the ephemeral range."""
+    for port in random.sample(PORTS, 200):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise ServerUnavailable(f"no free port found in {PORTS}")
+
+
+# -- fixtures ----------------------------------------------------------------------
+
+
+class PrivateServers:
+    """The session's private servers: one per dialect, started on first use."""
+
+    def __init__(self) -> None:
+        self.servers: dict[str, PrivateServer] = {}
+        self.unavailable: dict[str, str] = {}  # dialect -> why it cannot run here
+        self.retired: list[PrivateServer] = []  # replaced or closed: for the summary
+
+    def get(self, dialect: str) -> PrivateServer:
+        """The running server for ``dialect``; raises ServerUnavailable."""
+        if dialect in self.unavailable:
+            raise ServerUnavailable(self.unavailable[dialect])
+        server = self.servers.get(dialect)
+        if server is None:
+            try:
+                server = SERVERS[dialect]()
+            except ServerUnavailable as exc:
+                self.unavailable[dialect] = str(exc)
+                raise
+            self.servers[dialect] = server
+            try:
+                server.create_blocking()
+            except BaseException:
+                self.discard(server)
+                raise
+        return server
+
+    def reset(self, server: PrivateServer) -> None:
+        """After a test: ``server`` running again (resumed, or started), or
+        discarded if it cannot be (the next test gets a new one)."""
+        try:
+            server.resume()
+            if not server.running:
+                server.start_blocking()
+        except BaseException:
+            self.discard(server)
+            raise
+
+    def discard(self, server: PrivateServer) -> None:
+        server.close()
+        if self.servers.get(server.dialect) is server:
+            del self.servers[server.dialect]
+        self.retired.append(server)
+
+    def close(self) -> None:
+        for server in list(self.servers.values()):
+            self.discard(server)
+
+    def summary(self) -> Iterator[str]:
+        for server in self.retired:
+            kinds: dict[str, list[float]] = {}
+            for what, seconds in server.timings:
+                kinds.setdefault(what, []).append(seconds)
+            listed = "; ".join(
+                f"{what} {len(times)}x {min(times):.2f}-{max(times):.2f}s"
+                if len(times) > 1
+                else f"{what} {times[0]:.2f}s"
+                for what, times in kinds.items()
+            )
+            yield f"{server.dialect} on port {server.port}: {listed}"
+
+
+SERVERS_KEY = pytest.StashKey[PrivateServers]()
+
+
+@pytest.fixture(scope="session")
+def private_servers(request: pytest.FixtureRequest) -> Iterator[PrivateServers]:
+    """The session's private servers (prefer ``private_server``)."""
+    servers = request.config.stash.setdefault(SERVERS_KEY, PrivateServers())
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
+@pytest.fixture
+def private_server(target: Target, private_servers: PrivateServers) -> Iterator[PrivateServer]:
+    """A private server of the target's dialect, running; after the test it
+    runs again (see the module docstring). Skips on SQLite (embedded: no
+    server); where the server or the driver is not installed, skips — or
+    fails, if AIOFRAGNO_REQUIRE_BACKENDS names the dialect."""
+    if target.dialect == "sqlite":
+        pytest.skip("SQLite is embedded: there is no server to restart, crash or stall")
+    try:
+        if importlib.util.find_spec(target.module) is None:
+            raise ServerUnavailable(
+                f"driver {target.module} is not installed (pip install 'aiofragno[all]')"
+            )
+        server = private_servers.get(target.dialect)
+    except ServerUnavailable as exc:
+        if target.dialect in required_dialects():
+            pytest.fail(f"{exc}; AIOFRAGNO_REQUIRE_BACKENDS requires {target.dialect}")
+        pytest.skip(str(exc))
+    yield server
+    private_servers.reset(server)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    servers = terminalreporter.config.stash.get(SERVERS_KEY, None)
+    lines = list(servers.summary()) if servers is not None else []
+    if lines:
+        terminalreporter.write_sep("-", "private test servers (tests/servers.py)")
+        for line in lines:
+            terminalreporter.write_line(line)

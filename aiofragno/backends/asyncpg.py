@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -126,8 +127,32 @@ class AsyncpgConnection:
             self._raw.terminate()
 
 
+def _close_unwanted(opening: asyncio.Future[AsyncpgConnection]) -> None:
+    """Close a connection that finished opening after its caller gave up."""
+    if opening.cancelled() or opening.exception() is not None:
+        return  # (reading the exception is what keeps it from being reported)
+    _closing.add(task := asyncio.ensure_future(opening.result().close()))
+    task.add_done_callback(_closing.discard)
+
+
+# Closes of unwanted connections still running (asyncio keeps weak references only).
+_closing: set[asyncio.Future[None]] = set()
+
+
 def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
     async def connect() -> AsyncpgConnection:
+        # asyncpg's connect, cancelled half-way, leaves a future whose error
+        # nobody reads ("Future exception was never retrieved", once per
+        # cancelled checkout in a cancellation storm): let it finish (it is
+        # bounded by connect_timeout) and close what it opened for nobody.
+        opening = asyncio.ensure_future(open_connection())
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            opening.add_done_callback(_close_unwanted)
+            raise
+
+    async def open_connection() -> AsyncpgConnection:
         params: dict[str, Any] = {
             "host": url.host or "localhost",
             "port": url.port or 5432,

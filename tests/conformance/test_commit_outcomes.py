@@ -617,3 +617,23 @@ async def test_a_unit_of_many_dependent_writes_commits(keyed_shop: Shop) -> None
     )
     assert int(wrong) == 0
     assert await shop.transfers() == 6000
+
+
+# -- after the commit ------------------------------------------------------------
+
+
+async def test_a_failing_after_mutation_hook_does_not_unmake_the_commit(
+    shop: Shop, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``after_mutation`` runs once the unit has committed: what it raises
+    is logged, and execute_uow returns the unit's value — reporting a
+    failure would invite a second application."""
+
+    def broken(uow: af.UnitOfWork) -> None:
+        raise RuntimeError("tracing backend down")
+
+    with caplog.at_level("ERROR", logger="aiofragno"):
+        attempts = await shop.run(debit(10), hooks=af.UowHooks(after_mutation=broken))
+    assert attempts == 1
+    assert await shop.balance("alice") == 90
+    assert "tracing backend down" in caplog.text

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .. import runtime
 from ..driver import CompiledQuery, IsolationLevel, QueryResult, StaleGuard
 from ..errors import (
-    AlreadyApplied,
     CommitOutcomeUnknown,
     ConcurrencyConflict,
     ConnectionLost,
@@ -27,16 +26,15 @@ from ..errors import (
     ValidationError,
     WouldDeadlock,
 )
-from ..lost_session import end_session
 from ..outbox.versionstamp import MAX_INDEX
 from ..outbox.writer import entry_values
 from ..resilience import retry_read, shared_deadline
 from ..schema import new_external_id
-from ..session import CLEANUP_TIMEOUT, Session, current_transaction, outside_transactions
+from ..session import CLEANUP_TIMEOUT, Session, current_transaction
 from .catalog import Catalog
 from .combine import combinable, combine, combine_committing, groups, split
 from .ops import Check, MutationOp
-from .records import counter_lock, find_record, key_statement, new_nonce
+from .records import key_statement, key_taken, new_nonce, settle
 from .retry import ExponentialBackoff, RetryPolicy
 from .stale import guarded, stale_index
 from .unit import UnitOfWork
@@ -48,8 +46,6 @@ logger = logging.getLogger("aiofragno")
 T = TypeVar("T")
 Hook = Callable[[UnitOfWork], Any]
 DEFAULT_RETRY = ExponentialBackoff()
-# How long a lost session may take to end once asked to.
-END_SESSION_TIMEOUT = 30.0
 # Isolation levels whose transactions read one snapshot throughout.
 _SNAPSHOT_LEVELS = frozenset({"repeatable read", "serializable"})
 # Idempotency keys are stored as varchar(255) (the outbox's uow_id).
@@ -117,87 +113,6 @@ class HeldConnection:
                 raise
 
         return await retry_read(self.db.options.reconnect_deadline, read_all)
-
-
-async def committed(db: Database, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnknown) -> bool:
-    """Whether this call's mutation phase committed, after its connection
-    broke during COMMIT (``lost``): its record exists (:mod:`.records`)
-    with this call's ``nonce``. The lost server session is ended first
-    (:mod:`aiofragno.lost_session`), so nothing can commit the phase after
-    we looked; with the outbox, the counter row is locked as well, so a
-    commit that finished just now is visible. All of it on connections of
-    its own, even when the caller has a transaction open: held there, the
-    counter's lock would stop the unit's re-run until the caller — who
-    waits for that re-run — commits. Raises :class:`AlreadyApplied` when
-    the record is another call's (this one cannot have committed: the key
-    is unique); any other error means the outcome is still unknown."""
-
-    async def look() -> bool:
-        await end_session(db, lost.server_session, END_SESSION_TIMEOUT)
-        try:
-            async with db.transaction() as tx:
-                if db.options.outbox:
-                    await tx.fetch(counter_lock(db))
-                record = await find_record(db, tx, uow.uow_id)
-        except CommitOutcomeUnknown as exc:
-            # This transaction only read: losing its COMMIT loses nothing.
-            raise ConnectionLost(str(exc)) from exc
-        if record is None:
-            return False
-        if record.nonce != nonce:
-            raise _already_applied(uow.uow_id, record.versionstamp)
-        uow.versionstamp = record.versionstamp
-        return True
-
-    with outside_transactions():
-        return await retry_read(db.options.reconnect_deadline, look)
-
-
-def _already_applied(key: str, versionstamp: str | None) -> AlreadyApplied:
-    entry = "" if versionstamp is None else f" (outbox entry {versionstamp})"
-    return AlreadyApplied(
-        f"a unit of work with idempotency_key {key!r} has already committed{entry}; "
-        "this one wrote nothing. A key applies a unit once: treat this as that unit's "
-        "success, or use a new key for new work",
-        idempotency_key=key,
-        versionstamp=versionstamp,
-    )
-
-
-async def _settle(db: Database, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnknown) -> bool:
-    """:func:`committed`, where every failure to tell is a
-    :class:`CommitOutcomeUnknown` chained to what went wrong: the unit may
-    have committed, so neither a plain error (as if nothing was done) nor a
-    re-run would be true."""
-    try:
-        return await committed(db, uow, nonce, lost)
-    except AlreadyApplied:
-        raise
-    except Exception as exc:
-        raise CommitOutcomeUnknown(
-            f"{lost}; then looking up whether unit of work {uow.uow_id} committed failed "
-            f"({type(exc).__name__}: {exc}), so it may or may not have been applied. "
-            f"Once the database answers, look for its effects (or run it again with the "
-            f"same idempotency_key, which raises AlreadyApplied if it committed)",
-            sqlstate=lost.sqlstate,
-            code=lost.code,
-            server_session=lost.server_session,
-        ) from exc
-
-
-async def _key_taken(db: Database, uow: UnitOfWork, nonce: str) -> AlreadyApplied | None:
-    """After a unique violation in a unit with an idempotency key: the
-    :class:`AlreadyApplied` to raise when another call's record holds the
-    key, or None when the violation was another constraint (or the look-up
-    failed, which leaves the violation as the answer: nothing committed)."""
-    try:
-        with outside_transactions():
-            record = await find_record(db, db, uow.uow_id)
-    except Exception:
-        return None
-    if record is None or record.nonce == nonce:
-        return None
-    return _already_applied(uow.uow_id, record.versionstamp)
 
 
 def _check_not_waiting_for_itself(db: Database) -> None:
@@ -542,7 +457,7 @@ async def execute_uow(
                 if _writes(uow.mutations):
                     if not settles:
                         raise
-                    if not await _settle(db, uow, nonce, lost_commit):
+                    if not await settle(db, uow, nonce, lost_commit):
                         if not await lost.wait():
                             raise ConnectionLost(
                                 f"{lost_commit}; unit of work {uow_id} did not commit (its "
@@ -559,7 +474,7 @@ async def execute_uow(
                 db.stats.lost_connection_retries += 1
                 continue
             except UniqueViolation as violation:
-                taken = None if idempotency_key is None else await _key_taken(db, uow, nonce)
+                taken = None if idempotency_key is None else await key_taken(db, uow, nonce)
                 if taken is not None:
                     raise taken from violation
                 raise

@@ -1,6 +1,8 @@
-"""What a committed unit of work leaves behind to be found by: its outbox
+"""What a committed unit of work leaves behind to be found by — its outbox
 entry (the outbox on) or its idempotency key's row (the outbox off, a key
-given). Both name the unit by its ``uow_id`` — unique, so one key commits
+given) — and settling a lost COMMIT by it.
+
+Both records name the unit by its ``uow_id`` — unique, so one key commits
 once — and the ``execute_uow`` call that wrote them by a random nonce, so
 that a call finds its own commit and never mistakes an earlier call's with
 the same key for it.
@@ -14,13 +16,21 @@ from typing import TYPE_CHECKING, Any
 
 from ..codec import utc_now
 from ..driver import CompiledQuery
+from ..errors import AlreadyApplied, CommitOutcomeUnknown, ConnectionLost
+from ..lost_session import end_session
 from ..migrate import SETTINGS_TABLE
 from ..outbox.tables import OUTBOX_ID, UNIT_KEYS_ID, VERSION_KEY
+from ..resilience import retry_read
+from ..session import outside_transactions
 from ..sql import Identifier, sql
 
 if TYPE_CHECKING:
     from ..database import Database
     from ..session import Queries
+    from .unit import UnitOfWork
+
+# How long a lost session may take to end once asked to.
+END_SESSION_TIMEOUT = 30.0
 
 
 def new_nonce() -> str:
@@ -91,3 +101,84 @@ def counter_lock(db: Database) -> Any:
         k=Identifier("key"),
         key=VERSION_KEY,
     )
+
+
+async def committed(db: Database, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnknown) -> bool:
+    """Whether this call's mutation phase committed, after its connection
+    broke during COMMIT (``lost``): its record exists (:mod:`.records`)
+    with this call's ``nonce``. The lost server session is ended first
+    (:mod:`aiofragno.lost_session`), so nothing can commit the phase after
+    we looked; with the outbox, the counter row is locked as well, so a
+    commit that finished just now is visible. All of it on connections of
+    its own, even when the caller has a transaction open: held there, the
+    counter's lock would stop the unit's re-run until the caller — who
+    waits for that re-run — commits. Raises :class:`AlreadyApplied` when
+    the record is another call's (this one cannot have committed: the key
+    is unique); any other error means the outcome is still unknown."""
+
+    async def look() -> bool:
+        await end_session(db, lost.server_session, END_SESSION_TIMEOUT)
+        try:
+            async with db.transaction() as tx:
+                if db.options.outbox:
+                    await tx.fetch(counter_lock(db))
+                record = await find_record(db, tx, uow.uow_id)
+        except CommitOutcomeUnknown as exc:
+            # This transaction only read: losing its COMMIT loses nothing.
+            raise ConnectionLost(str(exc)) from exc
+        if record is None:
+            return False
+        if record.nonce != nonce:
+            raise already_applied(uow.uow_id, record.versionstamp)
+        uow.versionstamp = record.versionstamp
+        return True
+
+    with outside_transactions():
+        return await retry_read(db.options.reconnect_deadline, look)
+
+
+def already_applied(key: str, versionstamp: str | None) -> AlreadyApplied:
+    entry = "" if versionstamp is None else f" (outbox entry {versionstamp})"
+    return AlreadyApplied(
+        f"a unit of work with idempotency_key {key!r} has already committed{entry}; "
+        "this one wrote nothing. A key applies a unit once: treat this as that unit's "
+        "success, or use a new key for new work",
+        idempotency_key=key,
+        versionstamp=versionstamp,
+    )
+
+
+async def settle(db: Database, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnknown) -> bool:
+    """:func:`committed`, where every failure to tell is a
+    :class:`CommitOutcomeUnknown` chained to what went wrong: the unit may
+    have committed, so neither a plain error (as if nothing was done) nor a
+    re-run would be true."""
+    try:
+        return await committed(db, uow, nonce, lost)
+    except AlreadyApplied:
+        raise
+    except Exception as exc:
+        raise CommitOutcomeUnknown(
+            f"{lost}; then looking up whether unit of work {uow.uow_id} committed failed "
+            f"({type(exc).__name__}: {exc}), so it may or may not have been applied. "
+            f"Once the database answers, look for its effects (or run it again with the "
+            f"same idempotency_key, which raises AlreadyApplied if it committed)",
+            sqlstate=lost.sqlstate,
+            code=lost.code,
+            server_session=lost.server_session,
+        ) from exc
+
+
+async def key_taken(db: Database, uow: UnitOfWork, nonce: str) -> AlreadyApplied | None:
+    """After a unique violation in a unit with an idempotency key: the
+    :class:`AlreadyApplied` to raise when another call's record holds the
+    key, or None when the violation was another constraint (or the look-up
+    failed, which leaves the violation as the answer: nothing committed)."""
+    try:
+        with outside_transactions():
+            record = await find_record(db, db, uow.uow_id)
+    except Exception:
+        return None
+    if record is None or record.nonce == nonce:
+        return None
+    return already_applied(uow.uow_id, record.versionstamp)

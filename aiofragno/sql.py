@@ -30,8 +30,8 @@ from typing import Any, Final
 from .driver import CompiledQuery
 from .errors import ValidationError
 
-_IN_SUFFIX: Final = re.compile(r"(?is)\b(not\s+)?in\s*$")
-_IN_PAREN_SUFFIX: Final = re.compile(r"(?is)\bin\s*\(\s*$")
+_IN_SUFFIX: Final = re.compile(r"(?is)\b(not\s+)?in\s*\Z")
+_IN_PAREN_SUFFIX: Final = re.compile(r"(?is)\bin\s*\(\s*\Z")
 _NUMBERED: Final = re.compile(r"\$(\d+)")
 _LIST_TYPES: Final = (list, tuple, set, frozenset)
 

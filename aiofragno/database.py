@@ -71,7 +71,7 @@ class Database(Queries):
             raise ValidationError(
                 f"naming='schema' needs database schemas, which {dialect.name} does not have; use 'suffix'"
             )
-        self._ddl = Ddl(self.adapter.ddl, self.compiler.quote_identifier, self.codec)
+        self._ddl = Ddl(self.adapter.ddl, self.compiler, self.codec)
         self._layouts: dict[tuple[int, str], Layout] = {}
         self._catalogs: dict[int, Catalog] = {}
         self.outbox = OutboxReader(self)

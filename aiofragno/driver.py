@@ -22,7 +22,10 @@ class CompiledQuery(NamedTuple):
     """SQL text in the dialect's placeholder style plus its bound parameters.
 
     Parameters are never part of ``sql``; the driver sends them separately (or,
-    for drivers without server-side binding, escapes them itself).
+    for drivers without server-side binding, escapes them itself). Only the
+    placeholders the compiler wrote are placeholders: all other text went
+    through :meth:`QueryCompiler.escape_text` (on MySQL every literal ``%`` is
+    doubled, with or without parameters).
     """
 
     sql: str
@@ -372,6 +375,11 @@ class QueryCompiler(Protocol):
     def compile(self, node: Any) -> CompiledQuery: ...
 
     def quote_identifier(self, name: str) -> str: ...
+
+    def escape_text(self, text: str) -> str:
+        """SQL text without placeholders as the driver must receive it, so
+        that nothing in it (a name, a literal) is taken for a placeholder."""
+        ...
 
     def placeholder(self, index: int) -> str:
         """The placeholder of the ``index``-th parameter (1-based)."""

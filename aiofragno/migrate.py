@@ -13,6 +13,9 @@ its own; an interrupted migration is completed by the next run.
 
 The settings table ``fragno_db_settings`` records ``<namespace>.schema_version``
 (bumped whenever the declaration changes) and ``<namespace>.schema_hash``.
+
+DDL text reaches the driver through the compiler's ``escape_text``, so a name
+or a default holding ``%``, ``$1`` or ``?`` is stored exactly as declared.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from .codec import ValueCodec
-from .driver import CompiledQuery, DdlSpec
+from .driver import CompiledQuery, DdlSpec, QueryCompiler
 from .errors import Error, MigrationError
 from .naming import Layout, PhysicalTable
 from .outbox import tables as outbox_tables
@@ -62,9 +65,11 @@ class MigrationResult:
 class Ddl:
     """Renders DDL for one dialect (quoting through the dialect's compiler)."""
 
-    def __init__(self, spec: DdlSpec, quote: Any, codec: ValueCodec) -> None:
+    def __init__(self, spec: DdlSpec, compiler: QueryCompiler, codec: ValueCodec) -> None:
         self.spec = spec
-        self.quote = quote
+        self.quote = compiler.quote_identifier
+        # DDL has no parameters: all of it is text, and must stay text.
+        self.escape = compiler.escape_text
         self.codec = codec
 
     def name(self, identifier: Identifier) -> str:
@@ -173,7 +178,7 @@ class Migrator:
     async def run(self, statement: str, *, dry_run: bool) -> None:
         self.statements.append(statement)
         if not dry_run:
-            await self.session.execute(CompiledQuery(statement))
+            await self.session.execute(CompiledQuery(self.ddl.escape(statement)))
 
     async def plan_table(self, physical: PhysicalTable, *, dry_run: bool) -> None:
         spec = self.ddl.spec

@@ -29,9 +29,10 @@ from .errors import (
 from .lost_session import end_session
 from .migrate import Ddl, MigrationResult
 from .migrate import migrate as run_migration
-from .naming import Layout, resolve_naming
+from .naming import Layout, PhysicalNames, resolve_naming
 from .outbox import OutboxReader
 from .outbox.writer import OutboxStatements
+from .ownership import INTERNAL_TABLES
 from .resilience import Deadline, retry_read, shared_deadline
 from .schema import Schema, _check_name
 from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
@@ -73,6 +74,7 @@ class Database(Queries):
             )
         self._ddl = Ddl(self.adapter.ddl, self.compiler, self.codec)
         self._layouts: dict[tuple[int, str], Layout] = {}
+        self._physical_names = PhysicalNames(INTERNAL_TABLES)
         self._catalogs: dict[int, Catalog] = {}
         self.outbox = OutboxReader(self)
         self.stats = Stats()
@@ -115,7 +117,11 @@ class Database(Queries):
 
     def layout(self, schema: Schema, namespace: str | None = None) -> Layout:
         """Where ``schema``'s tables live in this database under ``namespace``
-        (default: the schema's name)."""
+        (default: the schema's name). :class:`SchemaError` if a table would
+        be one that another namespace's table (of any layout of this
+        Database) or aiofragno itself uses; :class:`ValidationError` for a
+        system schema (``information_schema``, ``pg_*``, ``mysql``,
+        ``performance_schema``, ``sys``) as namespace."""
         namespace = schema.name if namespace is None else namespace
         key = (id(schema), namespace)
         layout = self._layouts.get(key)
@@ -129,6 +135,7 @@ class Database(Queries):
                     f"the naming strategy puts tables in database schemas, which {self.name} "
                     "does not have; use naming='suffix'"
                 )
+            self._physical_names.claim(layout)
             self._layouts[key] = layout
         return layout
 
@@ -184,7 +191,11 @@ class Database(Queries):
         )
 
     async def migrate(
-        self, schema: Schema, *, namespace: str | None = None, dry_run: bool = False
+        self,
+        schema: Schema,
+        *,
+        namespace: str | None = None,
+        dry_run: bool = False,
     ) -> MigrationResult:
         """Create or extend ``schema``'s tables (see :mod:`aiofragno.migrate`).
         With ``dry_run`` nothing is changed and the result lists the
@@ -196,7 +207,12 @@ class Database(Queries):
             if transactional:
                 await session.begin(None)
             result = await run_migration(
-                session, self.compile, layout, self._ddl, self.codec, dry_run=dry_run
+                session,
+                self.compile,
+                layout,
+                self._ddl,
+                self.codec,
+                dry_run=dry_run,
             )
             if transactional:
                 await session.commit()

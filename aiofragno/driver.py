@@ -129,6 +129,9 @@ class DdlSpec:
     create_schema_sql: str | None = None
     migration_lock_sql: str | None = None
     migration_unlock_sql: str | None = None
+    # The schema unqualified names resolve to (a row, column ``name``). None:
+    # tables have no schema of their own (SQLite, MySQL: the database).
+    current_schema_sql: str | None = None
     # ALTER TABLE .. ADD COLUMN can add a foreign key in the same clause.
     add_column_references: bool = True
 

@@ -12,7 +12,10 @@ transactional DDL (PostgreSQL, SQLite). On MySQL each DDL statement commits on
 its own; an interrupted migration is completed by the next run.
 
 The settings table ``fragno_db_settings`` records ``<namespace>.schema_version``
-(bumped whenever the declaration changes) and ``<namespace>.schema_hash``.
+(bumped whenever the declaration changes), ``<namespace>.schema_hash``, and
+which declared table each physical table is (:mod:`aiofragno.ownership`):
+before changing anything, a migration refuses a table that belongs to another
+namespace's table or is not aiofragno's.
 
 DDL text reaches the driver through the compiler's ``escape_text``, so a name
 or a default holding ``%``, ``$1`` or ``?`` is stored exactly as declared.
@@ -25,6 +28,7 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from . import ownership
 from .codec import ValueCodec
 from .driver import CompiledQuery, DdlSpec, QueryCompiler
 from .errors import Error, MigrationError
@@ -39,12 +43,13 @@ from .schema import (
     Reference,
     tables_in_dependency_order,
 )
+from .settings_table import SETTINGS_TABLE as SETTINGS_TABLE
+from .settings_table import read_setting, write_setting
 from .sql import Identifier, sql, sql_using
 
 if TYPE_CHECKING:
     from .session import Session
 
-SETTINGS_TABLE = "fragno_db_settings"
 _LOCK_KEY = "aiofragno.migrate"
 
 
@@ -180,11 +185,15 @@ class Migrator:
         if not dry_run:
             await self.session.execute(CompiledQuery(self.ddl.escape(statement)))
 
-    async def plan_table(self, physical: PhysicalTable, *, dry_run: bool) -> None:
+    async def columns(self, physical: PhysicalTable) -> set[str]:
+        """The columns ``physical`` has in the database (none: no such table)."""
         spec = self.ddl.spec
-        columns = await self.fetch_names(
-            spec.columns_sql, schema=physical.schema, table=physical.name
-        )
+        return await self.fetch_names(spec.columns_sql, schema=physical.schema, table=physical.name)
+
+    async def plan_table(
+        self, physical: PhysicalTable, columns: set[str], *, dry_run: bool
+    ) -> None:
+        spec = self.ddl.spec
         table = physical.table
         if not columns:
             await self.run(self.ddl.create_table(physical, self.layout), dry_run=dry_run)
@@ -221,32 +230,6 @@ class Migrator:
             await self.session.execute(self.compile(fill))
 
 
-async def read_setting(session: Session, compile: Any, key: str) -> str | None:
-    result = await session.execute(
-        compile(sql("SELECT {v} AS value FROM {t} WHERE {k} = {key}", **_settings_names(), key=key))
-    )
-    return result.rows[0]["value"] if result.rows else None
-
-
-async def write_setting(session: Session, compile: Any, key: str, value: str) -> None:
-    """Insert or update ``key``; callers hold the migration lock, so a read
-    followed by a write cannot race."""
-    names = _settings_names()
-    if await read_setting(session, compile, key) is None:
-        statement = sql(
-            "INSERT INTO {t} ({k}, {v}) VALUES ({key}, {value})", **names, key=key, value=value
-        )
-    else:
-        statement = sql(
-            "UPDATE {t} SET {v} = {value} WHERE {k} = {key}", **names, key=key, value=value
-        )
-    await session.execute(compile(statement))
-
-
-def _settings_names() -> dict[str, Identifier]:
-    return {"t": Identifier(SETTINGS_TABLE), "k": Identifier("key"), "v": Identifier("value")}
-
-
 def settings_table_sql(ddl: Ddl) -> str:
     spec = ddl.spec
     return (
@@ -259,7 +242,13 @@ def settings_table_sql(ddl: Ddl) -> str:
 
 
 async def migrate(
-    session: Session, compile: Any, layout: Layout, ddl: Ddl, codec: ValueCodec, *, dry_run: bool
+    session: Session,
+    compile: Any,
+    layout: Layout,
+    ddl: Ddl,
+    codec: ValueCodec,
+    *,
+    dry_run: bool,
 ) -> MigrationResult:
     """Bring the database in line with ``layout`` on ``session`` (see the module
     docstring). The caller provides the session and ends its transaction."""
@@ -269,22 +258,7 @@ async def migrate(
         if locked.rows and next(iter(locked.rows[0].values())) in (0, False):
             raise MigrationError("another migration held the migration lock for 60 s; try again")
     try:
-        migrator = Migrator(session, compile, layout, ddl, codec)
-        settings = await migrator.fetch_names(spec.columns_sql, schema=None, table=SETTINGS_TABLE)
-        if not settings:
-            await migrator.run(settings_table_sql(ddl), dry_run=dry_run)
-        await _internal_tables(migrator, dry_run=dry_run)
-        for db_schema in layout.db_schemas:
-            if spec.create_schema_sql and not await _schema_exists(migrator, db_schema):
-                statement = spec.create_schema_sql.replace(
-                    "{schema}", ddl.name(Identifier(db_schema))
-                )
-                await migrator.run(statement, dry_run=dry_run)
-        for table in tables_in_dependency_order(layout.schema):
-            await migrator.plan_table(layout.table(table.name), dry_run=dry_run)
-        return await _record_version(
-            migrator, has_settings=bool(settings) or not dry_run, dry_run=dry_run
-        )
+        return await _migrate(session, compile, layout, ddl, codec, dry_run=dry_run)
     except Error as exc:
         if isinstance(exc, MigrationError):
             raise
@@ -292,6 +266,34 @@ async def migrate(
     finally:
         if spec.migration_unlock_sql and not session.broken:
             await session.execute(compile(sql(spec.migration_unlock_sql, key=_LOCK_KEY)))
+
+
+async def _migrate(
+    session: Session, compile: Any, layout: Layout, ddl: Ddl, codec: ValueCodec, *, dry_run: bool
+) -> MigrationResult:
+    spec = ddl.spec
+    migrator = Migrator(session, compile, layout, ddl, codec)
+    settings = await migrator.fetch_names(spec.columns_sql, schema=None, table=SETTINGS_TABLE)
+    if not settings:
+        await migrator.run(settings_table_sql(ddl), dry_run=dry_run)
+    await _internal_tables(migrator, dry_run=dry_run)
+    tables = list(tables_in_dependency_order(layout.schema))
+    columns = {table.name: await migrator.columns(layout.table(table.name)) for table in tables}
+    # Before anything is changed: a table of another's is never touched.
+    pending = await ownership.check(
+        session, compile, spec, layout, columns, recorded=bool(settings)
+    )
+    for db_schema in layout.db_schemas:
+        if spec.create_schema_sql and not await _schema_exists(migrator, db_schema):
+            statement = spec.create_schema_sql.replace("{schema}", ddl.name(Identifier(db_schema)))
+            await migrator.run(statement, dry_run=dry_run)
+    for table in tables:
+        await migrator.plan_table(layout.table(table.name), columns[table.name], dry_run=dry_run)
+    if not dry_run:
+        await ownership.record(session, compile, pending)
+    return await _record_version(
+        migrator, has_settings=bool(settings) or not dry_run, dry_run=dry_run
+    )
 
 
 async def _internal_tables(migrator: Migrator, *, dry_run: bool) -> None:

@@ -82,6 +82,7 @@ ADAPTER = DialectAdapter(
         "WHERE schemaname = COALESCE({schema}, current_schema()) AND tablename = {table}",
         create_schema_sql="CREATE SCHEMA IF NOT EXISTS {schema}",
         migration_lock_sql="SELECT pg_advisory_xact_lock(hashtext({key}))",
+        current_schema_sql="SELECT current_schema() AS name",
     ),
 )
 

@@ -11,6 +11,7 @@ from ..sql import Identifier
 OUTBOX = "fragno_db_outbox"
 CONSUMERS = "fragno_db_outbox_consumers"
 DEAD_LETTERS = "fragno_db_outbox_dead_letters"
+NAMES = (OUTBOX, CONSUMERS, DEAD_LETTERS)
 VERSION_KEY = "outbox.version"
 
 OUTBOX_ID = Identifier(OUTBOX)

@@ -1,8 +1,11 @@
 """Names on every backend and runtime: a name or default holding placeholder
-or quote characters is stored and used exactly as declared."""
+or quote characters is stored and used exactly as declared; every physical
+table belongs to one namespace's table (collisions, someone else's table,
+system schemas and aiofragno's own tables are refused)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,8 +13,11 @@ import pytest
 
 import aiofragno as af
 from tests.conformance.namespaces import (
+    SETTINGS,
     Namespaces,
+    column_names,
     new_namespace,
+    setting,
     table_count,
 )
 from tests.conftest import Target
@@ -189,3 +195,166 @@ async def catalog_tables(db: af.Database, name: str) -> list[str]:
         )
     # (MySQL's catalog compares names ignoring case: compare here.)
     return [row["name"] for row in await db.fetch(query) if row["name"] == name]
+
+
+# -- every physical table is one namespace's table ----------------------------
+
+
+def colliding() -> tuple[af.Schema, str, af.Schema, str]:
+    """Two declarations that suffix naming makes one table: ``orders`` in
+    namespace ``eu_<u>`` and ``orders_eu`` in ``<u>`` are ``orders_eu_<u>``."""
+    u = new_namespace()
+    first = af.Schema("first", af.Table("orders", af.Column("amount", "bigint")))
+    second = af.Schema("second", af.Table("orders_eu", af.Column("note", "string", nullable=True)))
+    return first, f"eu_{u}", second, u
+
+
+async def test_tables_that_collide_are_refused_in_one_process(
+    url: str, target: Target, spaces: Namespaces
+) -> None:
+    first, first_ns, second, second_ns = colliding()
+    async with af.connect(url, backend=target.backend, naming="suffix") as db:
+        spaces.use(db, first, first_ns)
+
+        async def fn(uow: af.UnitOfWork) -> None:
+            uow.find("orders_eu")
+            await uow.retrieve()
+
+        message = rf"'orders_eu' of namespace '{second_ns}'.*'orders' of namespace '{first_ns}'"
+        with pytest.raises(af.SchemaError, match=message):
+            db.layout(second, second_ns)
+        # Units and migrations of that layout are refused alike, before any SQL.
+        with pytest.raises(af.SchemaError, match=message):
+            await db.execute_uow(fn, schema=second, namespace=second_ns)
+        with pytest.raises(af.SchemaError, match=message):
+            await db.migrate(second, namespace=second_ns)
+
+
+async def test_migrate_refuses_a_table_another_namespace_migrated(
+    url: str, target: Target, spaces: Namespaces
+) -> None:
+    first, first_ns, second, second_ns = colliding()
+    async with (
+        af.connect(url, backend=target.backend, naming="suffix") as one,
+        af.connect(url, backend=target.backend, naming="suffix") as other,
+    ):
+        mine = spaces.use(one, first, first_ns).table("orders")
+        theirs = spaces.use(other, second, second_ns).table("orders_eu")
+        assert mine.identifier == theirs.identifier
+        await one.migrate(first, namespace=first_ns)
+        before = await column_names(one, mine)
+        with pytest.raises(af.MigrationError) as info:
+            await other.migrate(second, namespace=second_ns)
+        message = str(info.value)
+        for part in (
+            f"'orders_eu' of namespace '{second_ns}'",
+            f"'orders' of namespace '{first_ns}'",
+        ):
+            assert part in message
+        assert mine.name in message
+        # Nothing was changed or recorded for the refused namespace.
+        assert await column_names(one, mine) == before
+        assert await setting(one, f"{second_ns}.schema_version") == []
+        with pytest.raises(af.MigrationError):
+            await other.migration_sql(second, namespace=second_ns)
+
+
+async def test_migrate_leaves_a_table_that_is_not_aiofragnos_alone(
+    db: af.Database, spaces: Namespaces
+) -> None:
+    schema = af.Schema("s", af.Table("things", af.Column("x", "string", nullable=True)))
+    layout = spaces.use(db, schema)
+    physical = layout.table("things")
+    if physical.schema is not None:
+        await db.execute(af.sql("CREATE SCHEMA {s}", s=af.Identifier(physical.schema)))
+    await db.execute(
+        af.sql("CREATE TABLE {t} ({c} integer)", t=physical.identifier, c=af.Identifier("legacy"))
+    )
+    for attempt in (db.migration_sql, db.migrate):
+        with pytest.raises(af.MigrationError) as info:
+            await attempt(schema, namespace=layout.namespace)
+        message = str(info.value)
+        assert "not an aiofragno table" in message
+        assert f"'things' of namespace '{layout.namespace}'" in message
+        assert str(physical) in message
+    assert await column_names(db, physical) == {"legacy"}
+    assert await setting(db, f"{layout.namespace}.schema_version") == []
+
+
+async def test_tables_migrated_before_ownership_was_recorded_are_adopted(
+    db: af.Database, spaces: Namespaces
+) -> None:
+    schema = af.Schema("s", af.Table("things", af.Column("v", "string")))
+    ns = spaces.use(db, schema).namespace
+    key = f"{ns}.table:things"
+    await db.migrate(schema, namespace=ns)
+    [record] = await setting(db, key)
+    assert {k: json.loads(record)[k] for k in ("namespace", "table")} == {
+        "namespace": ns,
+        "table": "things",
+    }
+
+    async def fn(uow: af.UnitOfWork) -> af.RowId:
+        return uow.create("things", {"v": "kept"})
+
+    row_id = await db.execute_uow(fn, schema=schema, namespace=ns)
+    # As a version without ownership records left the database:
+    await db.execute(
+        af.sql("DELETE FROM {t} WHERE {k} = {key}", t=SETTINGS, k=af.Identifier("key"), key=key)
+    )
+    result = await db.migrate(schema, namespace=ns)
+    assert not result.changed
+    assert await setting(db, key) == [record]
+    assert [r["id"] for r in await rows_of(db, schema, ns, "things")] == [row_id]
+
+
+SYSTEM_SCHEMAS = [
+    "information_schema",
+    "PG_CATALOG",
+    "pg_toast",
+    "mysql",
+    "performance_schema",
+    "sys",
+]
+
+
+async def test_system_schemas_are_no_namespaces(db: af.Database) -> None:
+    async def fn(uow: af.UnitOfWork) -> None:
+        uow.find("t")
+        await uow.retrieve()
+
+    schema = af.Schema("s", af.Table("t", af.Column("v", "string")))
+    for name in SYSTEM_SCHEMAS:
+        with pytest.raises(af.ValidationError, match=f"'{name}' is reserved"):
+            db.layout(schema, name)
+        with pytest.raises(af.ValidationError, match=f"'{name}' is reserved"):
+            await db.migrate(schema, namespace=name)
+        with pytest.raises(af.ValidationError, match=f"'{name}' is reserved"):
+            await db.execute_uow(fn, schema=schema, namespace=name)
+    # A schema's name is its namespace by default.
+    with pytest.raises(af.ValidationError, match="'mysql' is reserved"):
+        await db.migrate(af.Schema("mysql", af.Table("t")))
+
+
+async def test_a_namespace_ending_in_a_newline_is_refused(db: af.Database) -> None:
+    with pytest.raises(af.SchemaError, match="bad namespace name"):
+        db.layout(af.Schema("s", af.Table("t")), "shop\n")
+
+
+async def test_aiofragnos_own_tables_are_no_declared_tables(
+    db: af.Database, url: str, target: Target
+) -> None:
+    schema = af.Schema("s", af.Table("fragno_db"))
+    async with af.connect(url, backend=target.backend, naming="suffix") as suffixed:
+        for ns in ("settings", "outbox"):
+            with pytest.raises(af.SchemaError, match=f"'fragno_db_{ns}', which is aiofragno's own"):
+                suffixed.layout(schema, ns)
+    if db.name != "postgresql":
+        return
+    # Namespace "public" is the default schema: its table fragno_db_settings
+    # would be the settings table (found by migrate, which resolves the schema).
+    own = af.Schema("s", af.Table("fragno_db_settings"))
+    async with af.connect(url, backend=target.backend, naming="schema") as schemas:
+        with pytest.raises(af.MigrationError, match="which is aiofragno's own"):
+            await schemas.migrate(own, namespace="public")
+    assert await setting(db, "public.schema_version") == []

@@ -29,6 +29,7 @@ from .errors import (
 from .lost_session import end_session
 from .migrate import Ddl, MigrationResult
 from .migrate import migrate as run_migration
+from .migration_lock import DEFAULT_LOCK_TIMEOUT, check_lock_timeout
 from .naming import Layout, PhysicalNames, resolve_naming
 from .outbox import OutboxReader
 from .outbox.writer import OutboxStatements
@@ -196,10 +197,15 @@ class Database(Queries):
         *,
         namespace: str | None = None,
         dry_run: bool = False,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     ) -> MigrationResult:
         """Create or extend ``schema``'s tables (see :mod:`aiofragno.migrate`).
         With ``dry_run`` nothing is changed and the result lists the
-        statements a real run would execute now."""
+        statements a real run would execute now. Waits at most
+        ``lock_timeout`` seconds for the migration lock (and, on PostgreSQL
+        and MySQL, for each table lock its DDL needs), else raises
+        :class:`MigrationError`."""
+        check_lock_timeout(lock_timeout)
         layout = self.layout(schema, namespace)
         transactional = self.adapter.supports_transactional_ddl
         session = await self.checkout()
@@ -213,6 +219,7 @@ class Database(Queries):
                 self._ddl,
                 self.codec,
                 dry_run=dry_run,
+                lock_timeout=lock_timeout,
             )
             if transactional:
                 await session.commit()

@@ -11,6 +11,10 @@ after the other, and runs in one transaction where the database has
 transactional DDL (PostgreSQL, SQLite). On MySQL each DDL statement commits on
 its own; an interrupted migration is completed by the next run.
 
+The lock is waited for at most ``lock_timeout`` seconds, and so (PostgreSQL,
+MySQL) is each table lock the DDL needs: a migration never queues for ever
+behind another one or a long transaction (see :mod:`aiofragno.migration_lock`).
+
 The settings table ``fragno_db_settings`` records ``<namespace>.schema_version``
 (bumped whenever the declaration changes), ``<namespace>.schema_hash``, and
 which declared table each physical table is (:mod:`aiofragno.ownership`):
@@ -28,10 +32,10 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from . import ownership
+from . import migration_lock, ownership
 from .codec import ValueCodec
 from .driver import CompiledQuery, DdlSpec, QueryCompiler
-from .errors import Error, MigrationError
+from .errors import Error, LockTimeout, MigrationError
 from .naming import Layout, PhysicalTable
 from .outbox import tables as outbox_tables
 from .schema import (
@@ -49,8 +53,6 @@ from .sql import Identifier, sql, sql_using
 
 if TYPE_CHECKING:
     from .session import Session
-
-_LOCK_KEY = "aiofragno.migrate"
 
 
 @dataclass
@@ -249,23 +251,20 @@ async def migrate(
     codec: ValueCodec,
     *,
     dry_run: bool,
+    lock_timeout: float,
 ) -> MigrationResult:
     """Bring the database in line with ``layout`` on ``session`` (see the module
     docstring). The caller provides the session and ends its transaction."""
     spec = ddl.spec
-    if spec.migration_lock_sql:
-        locked = await session.execute(compile(sql(spec.migration_lock_sql, key=_LOCK_KEY)))
-        if locked.rows and next(iter(locked.rows[0].values())) in (0, False):
-            raise MigrationError("another migration held the migration lock for 60 s; try again")
-    try:
-        return await _migrate(session, compile, layout, ddl, codec, dry_run=dry_run)
-    except Error as exc:
-        if isinstance(exc, MigrationError):
+    async with migration_lock.held(session, compile, spec, lock_timeout):
+        try:
+            return await _migrate(session, compile, layout, ddl, codec, dry_run=dry_run)
+        except MigrationError:
             raise
-        raise MigrationError(f"migrating namespace {layout.namespace!r} failed: {exc}") from exc
-    finally:
-        if spec.migration_unlock_sql and not session.broken:
-            await session.execute(compile(sql(spec.migration_unlock_sql, key=_LOCK_KEY)))
+        except LockTimeout as exc:
+            raise migration_lock.timed_out(lock_timeout, exc, layout.namespace) from exc
+        except Error as exc:
+            raise MigrationError(f"migrating namespace {layout.namespace!r} failed: {exc}") from exc
 
 
 async def _migrate(

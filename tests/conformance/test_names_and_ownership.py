@@ -1,17 +1,22 @@
 """Names on every backend and runtime: a name or default holding placeholder
 or quote characters is stored and used exactly as declared; every physical
 table belongs to one namespace's table (collisions, someone else's table,
-system schemas and aiofragno's own tables are refused)."""
+system schemas and aiofragno's own tables are refused); and a migration never
+waits for ever for a lock."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
 
 import aiofragno as af
+from aiofragno.migration_lock import MIGRATION_LOCK_KEY
+from aiofragno.sql import sql_using
 from tests.conformance.namespaces import (
     SETTINGS,
     Namespaces,
@@ -358,3 +363,66 @@ async def test_aiofragnos_own_tables_are_no_declared_tables(
         with pytest.raises(af.MigrationError, match="which is aiofragno's own"):
             await schemas.migrate(own, namespace="public")
     assert await setting(db, "public.schema_version") == []
+
+
+# -- a migration never waits for ever for a lock ------------------------------
+
+
+async def test_migrate_gives_up_when_another_migration_holds_the_lock(
+    db: af.Database, spaces: Namespaces
+) -> None:
+    spec = db.adapter.ddl
+    if spec.migration_lock_sql is None:
+        pytest.skip("SQLite's migration lock is its write lock, bounded by busy_timeout")
+    schema = af.Schema("s", af.Table("t", af.Column("v", "string")))
+    layout = spaces.use(db, schema)
+    hold = sql_using(spec.migration_lock_sql, key=MIGRATION_LOCK_KEY, seconds=30)
+    async with db.transaction() as tx:
+        # Another migrator: it holds the lock until its transaction (PostgreSQL)
+        # or its release (MySQL) ends.
+        assert (await tx.fetch_one(hold) or {}).get("taken") in (1, True)
+        try:
+            started = time.monotonic()
+            with anyio.fail_after(30), pytest.raises(af.MigrationError) as info:
+                await db.migrate(schema, namespace=layout.namespace, lock_timeout=0.5)
+            waited = time.monotonic() - started
+        finally:
+            if spec.migration_unlock_sql:
+                await tx.execute(sql_using(spec.migration_unlock_sql, key=MIGRATION_LOCK_KEY))
+    assert "another migration holds the migration lock" in str(info.value)
+    assert "lock_timeout=0.5" in str(info.value)
+    assert 0.4 <= waited < 10
+    assert await table_count(db, layout.table("t")) == 0
+    # Once it is free, the migration runs.
+    assert (await db.migrate(schema, namespace=layout.namespace, lock_timeout=0.5)).changed
+
+
+async def test_migrate_gives_up_on_a_table_a_transaction_holds(
+    db: af.Database, url: str, target: Target, spaces: Namespaces
+) -> None:
+    """DDL queued behind a long transaction's table lock would hold up every
+    statement on that table: a migration waits for it ``lock_timeout`` at most."""
+    if db.name == "sqlite":
+        pytest.skip("SQLite's DDL takes the write lock, bounded by busy_timeout")
+    v1 = af.Schema("s", af.Table("t", af.Column("a", "string", nullable=True)))
+    v2 = af.Schema(
+        "s",
+        af.Table("t", af.Column("a", "string", nullable=True), af.Column("b", "bigint", default=0)),
+    )
+    layout = spaces.use(db, v1)
+    physical = layout.table("t")
+    await db.migrate(v1, namespace=layout.namespace)
+    # One connection, so the check below sees the migration's own session.
+    async with af.connect(url, backend=target.backend, pool_size=1) as migrator:
+        async with db.transaction() as tx:
+            await tx.fetch(af.sql("SELECT * FROM {t}", t=physical.identifier))
+            with anyio.fail_after(30), pytest.raises(af.MigrationError) as info:
+                await migrator.migrate(v2, namespace=layout.namespace, lock_timeout=1)
+        assert "waited lock_timeout=1 s for a lock" in str(info.value)
+        assert "b" not in await column_names(db, physical)
+        if db.name == "mysql":
+            # The session's lock wait is back to what new connections have.
+            restored = "SELECT @@SESSION.lock_wait_timeout = @@GLOBAL.lock_wait_timeout AS same"
+            assert await migrator.fetch_value(migrator.raw(restored)) == 1
+        await migrator.migrate(v2, namespace=layout.namespace, lock_timeout=1)
+    assert "b" in await column_names(db, physical)

@@ -49,6 +49,11 @@ def check_not_system_schema(name: str, what: str) -> None:
         )
 
 
+def physical_key(schema: str | None, name: str) -> tuple[str, str]:
+    """What makes two physical tables one: (schema or "", name), ignoring case."""
+    return (schema or "").lower(), name.lower()
+
+
 class NamingStrategy(Protocol):
     def table(self, namespace: str, table: str) -> tuple[str | None, str]:
         """(database schema or None for the default one, table name)."""
@@ -117,8 +122,7 @@ class PhysicalTable:
 
     @property
     def key(self) -> tuple[str, str]:
-        """What makes two physical tables one: (schema or "", name), ignoring case."""
-        return (self.schema or "").lower(), self.name.lower()
+        return physical_key(self.schema, self.name)
 
     def __str__(self) -> str:
         return self.name if self.schema is None else f"{self.schema}.{self.name}"
@@ -182,7 +186,7 @@ class PhysicalNames:
     def __init__(self, internal: Iterable[str]) -> None:
         # Physical key -> (namespace, table); None: an internal table.
         self._owners: dict[tuple[str, str], tuple[str, str] | None] = {
-            ("", name.lower()): None for name in internal
+            physical_key(None, name): None for name in internal
         }
 
     def claim(self, layout: Layout) -> None:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from .driver import DdlSpec
 from .errors import MigrationError
-from .naming import Layout, PhysicalTable
+from .naming import Layout, PhysicalTable, physical_key
 from .outbox import tables as outbox_tables
 from .schema import EXTERNAL_ID, INTERNAL_ID, VERSION
 from .settings_table import SETTINGS_TABLE, read_settings_like, write_setting
@@ -58,10 +58,6 @@ def owner_key(namespace: str, table: str) -> str:
     return f"{namespace}.table:{table}"
 
 
-def _key(schema: str | None, name: str) -> Key:
-    return (schema or "").lower(), name.lower()
-
-
 async def check(
     session: Session,
     compile: Any,
@@ -75,34 +71,51 @@ async def check(
     another's (``columns``: what each has in the database; ``recorded``:
     whether the settings table exists); return the records to write."""
     default = await _default_schema(session, compile, spec)
-    owners: dict[Key, Owner | None] = {_key(default, name): None for name in INTERNAL_TABLES}
+    owners: dict[Key, Owner | None] = {
+        physical_key(default, name): None for name in INTERNAL_TABLES
+    }
     if recorded:
         owners.update(await _recorded_owners(session, compile))
     pending: Pending = []
     for name, physical in layout.tables.items():
         schema = physical.schema or default
-        where = f"table {name!r} of namespace {layout.namespace!r} would be the database table {str(physical)!r}"
-        key = _key(schema, physical.name)
-        if key in owners:
-            owner = owners[key]
-            if owner is None:
-                raise MigrationError(
-                    f"{where}, which is aiofragno's own; use another namespace or table name"
-                )
-            if owner != (layout.namespace, name):
-                raise MigrationError(_collision(where, owner))
-        missing = [column for column in _OURS if column not in columns[name]]
-        if columns[name] and missing:
-            raise MigrationError(
-                f"{where}, which exists and is not an aiofragno table (it has no "
-                f"{', '.join(missing)} column); aiofragno leaves it alone: migrate under another "
-                "namespace, or rename that table"
-            )
+        key = physical_key(schema, physical.name)
+        _refuse_another(layout.namespace, name, physical, owners, key, columns[name])
         if key not in owners:
             pending.append(
                 (owner_key(layout.namespace, name), _record(layout, name, physical, schema))
             )
     return pending
+
+
+def _refuse_another(
+    namespace: str,
+    name: str,
+    physical: PhysicalTable,
+    owners: Mapping[Key, Owner | None],
+    key: Key,
+    columns: set[str],
+) -> None:
+    """Raise :class:`MigrationError` if ``physical`` (``key``, with
+    ``columns``) is not ``namespace``.``name``'s to migrate."""
+    where = (
+        f"table {name!r} of namespace {namespace!r} would be the database table {str(physical)!r}"
+    )
+    if key in owners:
+        owner = owners[key]
+        if owner is None:
+            raise MigrationError(
+                f"{where}, which is aiofragno's own; use another namespace or table name"
+            )
+        if owner != (namespace, name):
+            raise MigrationError(_collision(where, owner))
+    missing = [column for column in _OURS if column not in columns]
+    if columns and missing:
+        raise MigrationError(
+            f"{where}, which exists and is not an aiofragno table (it has no "
+            f"{', '.join(missing)} column); aiofragno leaves it alone: migrate under another "
+            "namespace, or rename that table"
+        )
 
 
 async def record(session: Session, compile: Any, pending: Pending) -> None:
@@ -134,7 +147,7 @@ async def _recorded_owners(session: Session, compile: Any) -> dict[Key, Owner | 
     for key, value in await read_settings_like(session, compile, _PATTERN):
         try:
             data = json.loads(value)
-            owners[_key(data["schema"], data["name"])] = (data["namespace"], data["table"])
+            owners[physical_key(data["schema"], data["name"])] = (data["namespace"], data["table"])
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise MigrationError(
                 f"{SETTINGS_TABLE} key {key!r} holds {value!r:.80}, which is not a table record; "

@@ -74,7 +74,8 @@ class HostileNaming:
     parameters without skipping quoted names would make it one on ``three``."""
 
     def table(self, namespace: str, table: str) -> tuple[str | None, str]:
-        return None, f"{namespace}_t{'$1' if table == 'one' else '$3'} {HOSTILE}"
+        marker = "$1" if table == "one" else "$3"
+        return None, f"{namespace}_t{marker} {HOSTILE.replace('$1 ', '')}"
 
     def index(self, namespace: str, table: str, index: str) -> str:
         return f"ix_{namespace}_{table}_{index} {HOSTILE}"

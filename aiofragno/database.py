@@ -29,9 +29,11 @@ from .errors import (
 from .lost_session import end_session
 from .migrate import Ddl, MigrationResult
 from .migrate import migrate as run_migration
-from .naming import Layout, resolve_naming
+from .migration_lock import DEFAULT_LOCK_TIMEOUT, check_lock_timeout
+from .naming import Layout, PhysicalNames, resolve_naming
 from .outbox import OutboxReader
 from .outbox.writer import OutboxStatements
+from .ownership import INTERNAL_TABLES
 from .resilience import Deadline, retry_read, shared_deadline
 from .schema import Schema, _check_name
 from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
@@ -71,8 +73,9 @@ class Database(Queries):
             raise ValidationError(
                 f"naming='schema' needs database schemas, which {dialect.name} does not have; use 'suffix'"
             )
-        self._ddl = Ddl(self.adapter.ddl, self.compiler.quote_identifier, self.codec)
+        self._ddl = Ddl(self.adapter.ddl, self.compiler, self.codec)
         self._layouts: dict[tuple[int, str], Layout] = {}
+        self._physical_names = PhysicalNames(INTERNAL_TABLES)
         self._catalogs: dict[int, Catalog] = {}
         self.outbox = OutboxReader(self)
         self.stats = Stats()
@@ -115,7 +118,11 @@ class Database(Queries):
 
     def layout(self, schema: Schema, namespace: str | None = None) -> Layout:
         """Where ``schema``'s tables live in this database under ``namespace``
-        (default: the schema's name)."""
+        (default: the schema's name). :class:`SchemaError` if a table would
+        be one that another namespace's table (of any layout of this
+        Database) or aiofragno itself uses; :class:`ValidationError` for a
+        system schema (``information_schema``, ``pg_*``, ``mysql``,
+        ``performance_schema``, ``sys``) as namespace."""
         namespace = schema.name if namespace is None else namespace
         key = (id(schema), namespace)
         layout = self._layouts.get(key)
@@ -129,6 +136,7 @@ class Database(Queries):
                     f"the naming strategy puts tables in database schemas, which {self.name} "
                     "does not have; use naming='suffix'"
                 )
+            self._physical_names.claim(layout)
             self._layouts[key] = layout
         return layout
 
@@ -184,11 +192,20 @@ class Database(Queries):
         )
 
     async def migrate(
-        self, schema: Schema, *, namespace: str | None = None, dry_run: bool = False
+        self,
+        schema: Schema,
+        *,
+        namespace: str | None = None,
+        dry_run: bool = False,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     ) -> MigrationResult:
         """Create or extend ``schema``'s tables (see :mod:`aiofragno.migrate`).
         With ``dry_run`` nothing is changed and the result lists the
-        statements a real run would execute now."""
+        statements a real run would execute now. Waits at most
+        ``lock_timeout`` seconds for the migration lock (and, on PostgreSQL
+        and MySQL, for each table lock its DDL needs), else raises
+        :class:`MigrationError`."""
+        check_lock_timeout(lock_timeout)
         layout = self.layout(schema, namespace)
         transactional = self.adapter.supports_transactional_ddl
         session = await self.checkout()
@@ -196,7 +213,13 @@ class Database(Queries):
             if transactional:
                 await session.begin(None)
             result = await run_migration(
-                session, self.compile, layout, self._ddl, self.codec, dry_run=dry_run
+                session,
+                self.compile,
+                layout,
+                self._ddl,
+                self.codec,
+                dry_run=dry_run,
+                lock_timeout=lock_timeout,
             )
             if transactional:
                 await session.commit()

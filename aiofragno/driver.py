@@ -22,7 +22,10 @@ class CompiledQuery(NamedTuple):
     """SQL text in the dialect's placeholder style plus its bound parameters.
 
     Parameters are never part of ``sql``; the driver sends them separately (or,
-    for drivers without server-side binding, escapes them itself).
+    for drivers without server-side binding, escapes them itself). Only the
+    placeholders the compiler wrote are placeholders: all other text went
+    through :meth:`QueryCompiler.escape_text` (on MySQL every literal ``%`` is
+    doubled, with or without parameters).
     """
 
     sql: str
@@ -113,7 +116,10 @@ class DdlSpec:
     whole (the outbox's), in the type that does the least work for that. The ``*_sql`` templates are ``af.sql`` templates: ``columns_sql``
     and ``indexes_sql`` take ``{schema}`` (None: the current one) and
     ``{table}`` and return rows with a ``name`` column; the lock templates take
-    ``{key}``.
+    ``{key}``, and ``migration_lock_sql`` also ``{seconds}``, the longest it may
+    wait: it returns one row whose ``taken`` column is true (1) once the lock
+    is held, false (0) or NULL when it was not free in time, or fails with
+    :class:`~aiofragno.errors.LockTimeout`.
     """
 
     types: Mapping[str, str]
@@ -126,6 +132,15 @@ class DdlSpec:
     create_schema_sql: str | None = None
     migration_lock_sql: str | None = None
     migration_unlock_sql: str | None = None
+    # Bounds each lock wait of the migration's statements ({milliseconds} or
+    # {whole_seconds}); run before the migration lock is taken, and undone
+    # after it by ``lock_timeout_reset_sql`` (None: it ends with the
+    # migration's transaction).
+    lock_timeout_sql: str | None = None
+    lock_timeout_reset_sql: str | None = None
+    # The schema unqualified names resolve to (a row, column ``name``). None:
+    # tables have no schema of their own (SQLite, MySQL: the database).
+    current_schema_sql: str | None = None
     # ALTER TABLE .. ADD COLUMN can add a foreign key in the same clause.
     add_column_references: bool = True
     # Drops index {index} of table {table} (both quoted).
@@ -381,6 +396,11 @@ class QueryCompiler(Protocol):
     def compile(self, node: Any) -> CompiledQuery: ...
 
     def quote_identifier(self, name: str) -> str: ...
+
+    def escape_text(self, text: str) -> str:
+        """SQL text without placeholders as the driver must receive it, so
+        that nothing in it (a name, a literal) is taken for a placeholder."""
+        ...
 
     def placeholder(self, index: int) -> str:
         """The placeholder of the ``index``-th parameter (1-based)."""

@@ -11,8 +11,18 @@ after the other, and runs in one transaction where the database has
 transactional DDL (PostgreSQL, SQLite). On MySQL each DDL statement commits on
 its own; an interrupted migration is completed by the next run.
 
+The lock is waited for at most ``lock_timeout`` seconds, and so (PostgreSQL,
+MySQL) is each table lock the DDL needs: a migration never queues for ever
+behind another one or a long transaction (see :mod:`aiofragno.migration_lock`).
+
 The settings table ``fragno_db_settings`` records ``<namespace>.schema_version``
-(bumped whenever the declaration changes) and ``<namespace>.schema_hash``.
+(bumped whenever the declaration changes), ``<namespace>.schema_hash``, and
+which declared table each physical table is (:mod:`aiofragno.ownership`):
+before changing anything, a migration refuses a table that belongs to another
+namespace's table or is not aiofragno's.
+
+DDL text reaches the driver through the compiler's ``escape_text``, so a name
+or a default holding ``%``, ``$1`` or ``?`` is stored exactly as declared.
 """
 
 from __future__ import annotations
@@ -22,9 +32,10 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from . import migration_lock, ownership
 from .codec import ValueCodec
-from .driver import CompiledQuery, DdlSpec
-from .errors import Error, MigrationError
+from .driver import CompiledQuery, DdlSpec, QueryCompiler
+from .errors import Error, LockTimeout, MigrationError
 from .naming import Layout, PhysicalTable
 from .outbox import tables as outbox_tables
 from .schema import (
@@ -36,13 +47,12 @@ from .schema import (
     Reference,
     tables_in_dependency_order,
 )
+from .settings_table import SETTINGS_TABLE as SETTINGS_TABLE
+from .settings_table import read_setting, write_setting
 from .sql import Identifier, sql, sql_using
 
 if TYPE_CHECKING:
     from .session import Session
-
-SETTINGS_TABLE = "fragno_db_settings"
-_LOCK_KEY = "aiofragno.migrate"
 
 
 @dataclass
@@ -62,9 +72,11 @@ class MigrationResult:
 class Ddl:
     """Renders DDL for one dialect (quoting through the dialect's compiler)."""
 
-    def __init__(self, spec: DdlSpec, quote: Any, codec: ValueCodec) -> None:
+    def __init__(self, spec: DdlSpec, compiler: QueryCompiler, codec: ValueCodec) -> None:
         self.spec = spec
-        self.quote = quote
+        self.quote = compiler.quote_identifier
+        # DDL has no parameters: all of it is text, and must stay text.
+        self.escape = compiler.escape_text
         self.codec = codec
 
     def name(self, identifier: Identifier) -> str:
@@ -173,13 +185,17 @@ class Migrator:
     async def run(self, statement: str, *, dry_run: bool) -> None:
         self.statements.append(statement)
         if not dry_run:
-            await self.session.execute(CompiledQuery(statement))
+            await self.session.execute(CompiledQuery(self.ddl.escape(statement)))
 
-    async def plan_table(self, physical: PhysicalTable, *, dry_run: bool) -> None:
+    async def columns(self, physical: PhysicalTable) -> set[str]:
+        """The columns ``physical`` has in the database (none: no such table)."""
         spec = self.ddl.spec
-        columns = await self.fetch_names(
-            spec.columns_sql, schema=physical.schema, table=physical.name
-        )
+        return await self.fetch_names(spec.columns_sql, schema=physical.schema, table=physical.name)
+
+    async def plan_table(
+        self, physical: PhysicalTable, columns: set[str], *, dry_run: bool
+    ) -> None:
+        spec = self.ddl.spec
         table = physical.table
         if not columns:
             await self.run(self.ddl.create_table(physical, self.layout), dry_run=dry_run)
@@ -216,32 +232,6 @@ class Migrator:
             await self.session.execute(self.compile(fill))
 
 
-async def read_setting(session: Session, compile: Any, key: str) -> str | None:
-    result = await session.execute(
-        compile(sql("SELECT {v} AS value FROM {t} WHERE {k} = {key}", **_settings_names(), key=key))
-    )
-    return result.rows[0]["value"] if result.rows else None
-
-
-async def write_setting(session: Session, compile: Any, key: str, value: str) -> None:
-    """Insert or update ``key``; callers hold the migration lock, so a read
-    followed by a write cannot race."""
-    names = _settings_names()
-    if await read_setting(session, compile, key) is None:
-        statement = sql(
-            "INSERT INTO {t} ({k}, {v}) VALUES ({key}, {value})", **names, key=key, value=value
-        )
-    else:
-        statement = sql(
-            "UPDATE {t} SET {v} = {value} WHERE {k} = {key}", **names, key=key, value=value
-        )
-    await session.execute(compile(statement))
-
-
-def _settings_names() -> dict[str, Identifier]:
-    return {"t": Identifier(SETTINGS_TABLE), "k": Identifier("key"), "v": Identifier("value")}
-
-
 def settings_table_sql(ddl: Ddl) -> str:
     spec = ddl.spec
     return (
@@ -254,39 +244,55 @@ def settings_table_sql(ddl: Ddl) -> str:
 
 
 async def migrate(
-    session: Session, compile: Any, layout: Layout, ddl: Ddl, codec: ValueCodec, *, dry_run: bool
+    session: Session,
+    compile: Any,
+    layout: Layout,
+    ddl: Ddl,
+    codec: ValueCodec,
+    *,
+    dry_run: bool,
+    lock_timeout: float,
 ) -> MigrationResult:
     """Bring the database in line with ``layout`` on ``session`` (see the module
     docstring). The caller provides the session and ends its transaction."""
     spec = ddl.spec
-    if spec.migration_lock_sql:
-        locked = await session.execute(compile(sql(spec.migration_lock_sql, key=_LOCK_KEY)))
-        if locked.rows and next(iter(locked.rows[0].values())) in (0, False):
-            raise MigrationError("another migration held the migration lock for 60 s; try again")
-    try:
-        migrator = Migrator(session, compile, layout, ddl, codec)
-        settings = await migrator.fetch_names(spec.columns_sql, schema=None, table=SETTINGS_TABLE)
-        if not settings:
-            await migrator.run(settings_table_sql(ddl), dry_run=dry_run)
-        await _internal_tables(migrator, dry_run=dry_run)
-        for db_schema in layout.db_schemas:
-            if spec.create_schema_sql and not await _schema_exists(migrator, db_schema):
-                statement = spec.create_schema_sql.replace(
-                    "{schema}", ddl.name(Identifier(db_schema))
-                )
-                await migrator.run(statement, dry_run=dry_run)
-        for table in tables_in_dependency_order(layout.schema):
-            await migrator.plan_table(layout.table(table.name), dry_run=dry_run)
-        return await _record_version(
-            migrator, has_settings=bool(settings) or not dry_run, dry_run=dry_run
-        )
-    except Error as exc:
-        if isinstance(exc, MigrationError):
+    async with migration_lock.held(session, compile, spec, lock_timeout):
+        try:
+            return await _migrate(session, compile, layout, ddl, codec, dry_run=dry_run)
+        except MigrationError:
             raise
-        raise MigrationError(f"migrating namespace {layout.namespace!r} failed: {exc}") from exc
-    finally:
-        if spec.migration_unlock_sql and not session.broken:
-            await session.execute(compile(sql(spec.migration_unlock_sql, key=_LOCK_KEY)))
+        except LockTimeout as exc:
+            raise migration_lock.timed_out(lock_timeout, exc, layout.namespace) from exc
+        except Error as exc:
+            raise MigrationError(f"migrating namespace {layout.namespace!r} failed: {exc}") from exc
+
+
+async def _migrate(
+    session: Session, compile: Any, layout: Layout, ddl: Ddl, codec: ValueCodec, *, dry_run: bool
+) -> MigrationResult:
+    spec = ddl.spec
+    migrator = Migrator(session, compile, layout, ddl, codec)
+    settings = await migrator.fetch_names(spec.columns_sql, schema=None, table=SETTINGS_TABLE)
+    if not settings:
+        await migrator.run(settings_table_sql(ddl), dry_run=dry_run)
+    await _internal_tables(migrator, dry_run=dry_run)
+    tables = list(tables_in_dependency_order(layout.schema))
+    columns = {table.name: await migrator.columns(layout.table(table.name)) for table in tables}
+    # Before anything is changed: a table of another's is never touched.
+    pending = await ownership.check(
+        session, compile, spec, layout, columns, recorded=bool(settings)
+    )
+    for db_schema in layout.db_schemas:
+        if spec.create_schema_sql and not await _schema_exists(migrator, db_schema):
+            statement = spec.create_schema_sql.replace("{schema}", ddl.name(Identifier(db_schema)))
+            await migrator.run(statement, dry_run=dry_run)
+    for table in tables:
+        await migrator.plan_table(layout.table(table.name), columns[table.name], dry_run=dry_run)
+    if not dry_run:
+        await ownership.record(session, compile, pending)
+    return await _record_version(
+        migrator, has_settings=bool(settings) or not dry_run, dry_run=dry_run
+    )
 
 
 async def _internal_tables(migrator: Migrator, *, dry_run: bool) -> None:

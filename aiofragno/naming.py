@@ -13,17 +13,45 @@ deterministically: the head of the name, ``_``, and 8 hex digits of its SHA-1,
 so different long names stay different and the same name always maps alike.
 Pass any object with the :class:`NamingStrategy` methods as ``naming=`` to use
 your own scheme.
+
+A suffix can make two declarations one table (``orders`` in namespace
+``eu_west`` and ``orders_eu`` in ``west`` are both ``orders_eu_west``), and
+so can a custom strategy. Every physical table belongs to one (namespace,
+table): :class:`PhysicalNames` refuses a second claim in one process, and
+migrations refuse one recorded in the database (:mod:`aiofragno.ownership`).
+Names are compared ignoring case, as SQLite (and MySQL on some systems) do.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .errors import ValidationError
+from .errors import SchemaError, ValidationError
 from .schema import Schema, Table
 from .sql import Identifier
+
+# The servers' own schemas (PostgreSQL) and databases (MySQL, MariaDB), refused
+# as namespaces and database schemas on every dialect: a namespace that works
+# on one database works on all. (PostgreSQL reserves every "pg_" name.)
+SYSTEM_SCHEMAS = frozenset({"information_schema", "mysql", "performance_schema", "sys"})
+
+
+def check_not_system_schema(name: str, what: str) -> None:
+    """A :class:`ValidationError` if ``name`` is a system schema or database."""
+    folded = name.lower()
+    if folded in SYSTEM_SCHEMAS or folded.startswith("pg_"):
+        raise ValidationError(
+            f"{what} {name!r} is reserved for the database's own catalog (information_schema, "
+            "pg_*, mysql, performance_schema, sys, in any case); choose another name"
+        )
+
+
+def physical_key(schema: str | None, name: str) -> tuple[str, str]:
+    """What makes two physical tables one: (schema or "", name), ignoring case."""
+    return (schema or "").lower(), name.lower()
 
 
 class NamingStrategy(Protocol):
@@ -92,6 +120,13 @@ class PhysicalTable:
     def identifier(self) -> Identifier:
         return Identifier(self.name) if self.schema is None else Identifier(self.schema, self.name)
 
+    @property
+    def key(self) -> tuple[str, str]:
+        return physical_key(self.schema, self.name)
+
+    def __str__(self) -> str:
+        return self.name if self.schema is None else f"{self.schema}.{self.name}"
+
 
 class Layout:
     """The physical names of one :class:`Schema` under one namespace, naming
@@ -103,13 +138,25 @@ class Layout:
         self.naming = naming
         self.limit = limit
         self.tables: dict[str, PhysicalTable] = {}
+        check_not_system_schema(namespace, "namespace")
+        claimed: dict[tuple[str, str], str] = {}
         for table in schema.tables.values():
             db_schema, name = naming.table(namespace, table.name)
-            self.tables[table.name] = PhysicalTable(
+            if db_schema is not None:
+                check_not_system_schema(db_schema, f"database schema of table {table.name!r}")
+            physical = PhysicalTable(
                 table,
                 None if db_schema is None else shorten(db_schema, limit),
                 shorten(name, limit),
             )
+            other = claimed.setdefault(physical.key, table.name)
+            if other != table.name:
+                raise SchemaError(
+                    f"tables {other!r} and {table.name!r} of namespace {namespace!r} would both be "
+                    f"the database table {str(physical)!r}; use a naming strategy that keeps "
+                    "them apart"
+                )
+            self.tables[table.name] = physical
 
     def table(self, name: str) -> PhysicalTable:
         physical = self.tables.get(name)
@@ -128,6 +175,44 @@ class Layout:
     def db_schemas(self) -> list[str]:
         """Database schemas the tables live in (to be created by migrations)."""
         return sorted({t.schema for t in self.tables.values() if t.schema is not None})
+
+
+class PhysicalNames:
+    """The physical tables of one Database's layouts, each claimed by one
+    (namespace, table), and the internal tables, claimed by aiofragno: a
+    layout that would share a table with another raises :class:`SchemaError`
+    before any SQL runs."""
+
+    def __init__(self, internal: Iterable[str]) -> None:
+        # Physical key -> (namespace, table); None: an internal table.
+        self._owners: dict[tuple[str, str], tuple[str, str] | None] = {
+            physical_key(None, name): None for name in internal
+        }
+
+    def claim(self, layout: Layout) -> None:
+        """Claim ``layout``'s tables, or raise naming the table it would share."""
+        claims = {
+            physical.key: (layout.namespace, name, physical)
+            for name, physical in layout.tables.items()
+        }
+        for key, (namespace, name, physical) in claims.items():
+            if key not in self._owners:
+                continue
+            owner = self._owners[key]
+            if owner is None:
+                raise SchemaError(
+                    f"table {name!r} of namespace {namespace!r} would be the database table "
+                    f"{str(physical)!r}, which is aiofragno's own; use another namespace or "
+                    "table name"
+                )
+            if owner != (namespace, name):
+                raise SchemaError(
+                    f"table {name!r} of namespace {namespace!r} and table {owner[1]!r} of "
+                    f"namespace {owner[0]!r} would both be the database table "
+                    f"{str(physical)!r}; use other namespaces, or a naming strategy that keeps "
+                    "them apart (e.g. naming='schema' on PostgreSQL)"
+                )
+        self._owners.update({key: (ns, name) for key, (ns, name, _) in claims.items()})
 
 
 def resolve_naming(naming: str | NamingStrategy) -> NamingStrategy:

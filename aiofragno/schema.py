@@ -28,7 +28,7 @@ from typing import Any
 from .codec import LOGICAL_TYPES, check_value
 from .errors import SchemaError, ValidationError
 
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")  # (fullmatch: "$" would allow a final "\n")
 RESERVED_COLUMNS = frozenset({"id"})
 EXTERNAL_ID = "id"
 INTERNAL_ID = "_id"
@@ -85,7 +85,7 @@ def varchar(length: int) -> VarChar:
 
 def _check_name(what: str, name: Any, where: str = "") -> None:
     place = f" in {where}" if where else ""
-    if not isinstance(name, str) or not _NAME.match(name) or "__" in name:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or "__" in name:
         if isinstance(name, str) and name.startswith("_"):
             why = "names starting with _ are reserved for aiofragno"
         elif isinstance(name, str) and "__" in name:

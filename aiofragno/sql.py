@@ -30,9 +30,11 @@ from typing import Any, Final
 from .driver import CompiledQuery
 from .errors import ValidationError
 
-_IN_SUFFIX: Final = re.compile(r"(?is)\b(not\s+)?in\s*$")
-_IN_PAREN_SUFFIX: Final = re.compile(r"(?is)\bin\s*\(\s*$")
-_NUMBERED: Final = re.compile(r"\$(\d+)")
+_IN_SUFFIX: Final = re.compile(r"(?is)\b(not\s+)?in\s*\Z")
+_IN_PAREN_SUFFIX: Final = re.compile(r"(?is)\bin\s*\(\s*\Z")
+# A numbered placeholder, or a quoted identifier or string literal (as the
+# compiler writes them: quotes inside doubled), whose text is kept as it is.
+_NUMBERED: Final = re.compile(r"\$(\d+)|\"(?:[^\"]|\"\")*\"|'(?:[^']|'')*'")
 _LIST_TYPES: Final = (list, tuple, set, frozenset)
 
 
@@ -241,7 +243,7 @@ class SqlCompiler:
     ) -> None:
         self._numbered = placeholder == "$n"
         self._placeholder = placeholder
-        # Drivers formatting with % (MySQL) need literal % doubled.
+        # Drivers formatting with % (MySQL) need every literal % doubled.
         self._escape_percent = placeholder == "%s"
         self._quote = quote
         self.max_identifier_length = max_identifier_length
@@ -285,18 +287,34 @@ class SqlCompiler:
                 "the limit of this database"
             )
 
+    def escape_text(self, text: str) -> str:
+        """``text`` — SQL without placeholders: keywords, quoted names, literals
+        — as the driver must receive it so that nothing in it is taken for a
+        placeholder: with ``%s`` placeholders (MySQL, whose driver formats the
+        whole text with ``%``, with or without parameters) every ``%`` doubled.
+        Every piece of text a :class:`~aiofragno.driver.CompiledQuery` carries
+        goes through here; placeholders are added beside it, never inside."""
+        if self._escape_percent and "%" in text:
+            return text.replace("%", "%%")
+        return text
+
     def placeholder(self, index: int) -> str:
         """The placeholder of the ``index``-th parameter (1-based)."""
         return f"${index}" if self._numbered else self._placeholder
 
     def shift_placeholders(self, sql: str, offset: int) -> str:
-        """``sql`` (as this compiler produced it from validated names, so every
-        ``$`` is a placeholder) with its placeholders renumbered to follow
-        ``offset`` earlier parameters, for joining statements into one.
-        Positional placeholders need no change."""
+        """``sql`` (as this compiler produced it) with its placeholders
+        renumbered to follow ``offset`` earlier parameters, for joining
+        statements into one. A ``$n`` inside a quoted name or a string literal
+        is text, and stays as it is. Positional placeholders need no change."""
         if not self._numbered or not offset:
             return sql
-        return _NUMBERED.sub(lambda m: f"${int(m.group(1)) + offset}", sql)
+
+        def shifted(match: re.Match[str]) -> str:
+            number = match.group(1)
+            return match.group() if number is None else f"${int(number) + offset}"
+
+        return _NUMBERED.sub(shifted, sql)
 
     def _placeholder_for(self, params: list[Any]) -> str:
         return self.placeholder(len(params))
@@ -304,12 +322,12 @@ class SqlCompiler:
     def _emit(self, fragment: Fragment, out: list[str], params: list[Any]) -> None:
         for part in fragment.parts:
             if isinstance(part, str):
-                out.append(part.replace("%", "%%") if self._escape_percent else part)
+                out.append(self.escape_text(part))
             elif isinstance(part, _Param):
                 params.append(self.encode(part.value))
                 out.append(self._placeholder_for(params))
             elif isinstance(part, Identifier):
-                out.append(".".join(map(self.quote_identifier, part.parts)))
+                out.append(self.escape_text(".".join(map(self.quote_identifier, part.parts))))
             elif isinstance(part, _InList):
                 self._emit_in(part, out, params)
             else:

@@ -34,6 +34,49 @@ def test_shifting_placeholders_for_a_combined_statement() -> None:
         assert positional.shift_placeholders(sql, 9) == sql
 
 
+def test_renumbering_leaves_dollars_in_names_and_literals_alone() -> None:
+    """A name (from a custom naming strategy, say) or a literal holding $n is
+    text: joining statements renumbers only the placeholders."""
+    q = af.sql(
+        "INSERT INTO {t} ({c}) VALUES ({v}, '$1', 'it''s $2')",
+        t=af.Identifier("s$1", 't$1"$2'),
+        c=af.Identifier("$3"),
+        v=1,
+    )
+    sql = PG.compile(q).sql
+    assert sql == 'INSERT INTO "s$1"."t$1""$2" ("$3") VALUES ($1, \'$1\', \'it\'\'s $2\')'
+    assert PG.shift_placeholders(sql, 4) == sql.replace("VALUES ($1,", "VALUES ($5,")
+
+
+# Text MySQL's driver would take for formatting directives, or other
+# dialects for placeholders or quotes.
+HOSTILE = ["rate_%", "rate_%%", "x%s", "%(a)s", "100%", "$1", "?", ":a", "it's", "a\\b", '"`']
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_names_and_literals_reach_the_driver_as_written(text: str) -> None:
+    """What the driver receives — on MySQL the text after asyncmy's ``%``
+    formatting, with or without parameters — is exactly the name and literal
+    given, and the placeholders are the compiler's own."""
+    literal = text.replace("'", "''")
+    q = af.sql(f"SELECT {{v}}, '{literal}' FROM {{t}}", v=text, t=af.Identifier(text))
+    quoted = text.replace("`", "``")
+    my = MY.compile(q)
+    assert my.sql % ("?",) == f"SELECT ?, '{literal}' FROM `{quoted}`"
+    assert my.parameters == (text,)
+    bare = MY.compile(af.sql(f"SELECT '{literal}' FROM {{t}}", t=af.Identifier(text)))
+    assert bare.sql % () == f"SELECT '{literal}' FROM `{quoted}`"
+    quoted = text.replace('"', '""')
+    assert PG.compile(q).sql == f"SELECT $1, '{literal}' FROM \"{quoted}\""
+    assert LITE.compile(q).sql == f"SELECT ?, '{literal}' FROM \"{quoted}\""
+
+
+def test_escape_text_per_dialect() -> None:
+    assert MY.escape_text("'100%' %s") == "'100%%' %%s"
+    for compiler in (PG, LITE):
+        assert compiler.escape_text("'100%' %s $1 ?") == "'100%' %s $1 ?"
+
+
 def test_injection_in_values_stays_a_parameter() -> None:
     evil = "x'; DROP TABLE users; --"
     compiled = PG.compile(af.sql("SELECT {v}", v=evil))

@@ -97,7 +97,10 @@ ADAPTER = DialectAdapter(
         indexes_sql="SELECT DISTINCT index_name AS name FROM information_schema.statistics "
         "WHERE table_schema = COALESCE({schema}, DATABASE()) AND table_name = {table}",
         backslash_escapes=True,
-        migration_lock_sql="SELECT GET_LOCK({key}, 60)",
+        migration_lock_sql="SELECT GET_LOCK({key}, {seconds}) AS taken",
+        # (DEFAULT: the global value, which every new connection starts with.)
+        lock_timeout_sql="SET SESSION lock_wait_timeout = {whole_seconds}",
+        lock_timeout_reset_sql="SET SESSION lock_wait_timeout = DEFAULT",
         migration_unlock_sql="SELECT RELEASE_LOCK({key})",
         drop_index_sql="DROP INDEX {index} ON {table}",
     ),

@@ -84,7 +84,11 @@ ADAPTER = DialectAdapter(
         indexes_sql="SELECT indexname AS name FROM pg_indexes "
         "WHERE schemaname = COALESCE({schema}, current_schema()) AND tablename = {table}",
         create_schema_sql="CREATE SCHEMA IF NOT EXISTS {schema}",
-        migration_lock_sql="SELECT pg_advisory_xact_lock(hashtext({key}))",
+        # (lock_timeout bounds the wait, and the DDL's table locks after it.)
+        migration_lock_sql="SELECT TRUE AS taken FROM pg_advisory_xact_lock(hashtext({key}))",
+        lock_timeout_sql="SELECT set_config('lock_timeout', CAST(CAST({milliseconds} AS integer) "
+        "AS text), TRUE)",
+        current_schema_sql="SELECT current_schema() AS name",
     ),
 )
 

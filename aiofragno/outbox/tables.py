@@ -14,6 +14,7 @@ OUTBOX = "fragno_db_outbox"
 CONSUMERS = "fragno_db_outbox_consumers"
 DEAD_LETTERS = "fragno_db_outbox_dead_letters"
 UNIT_KEYS = "fragno_db_unit_keys"
+NAMES = (OUTBOX, CONSUMERS, DEAD_LETTERS, UNIT_KEYS)
 VERSION_KEY = "outbox.version"
 # One entry per idempotency key: a unit of work commits once per key.
 UOW_INDEX = OUTBOX + "_uow_key"

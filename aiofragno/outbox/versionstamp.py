@@ -8,7 +8,7 @@ import re
 
 from ..errors import ValidationError
 
-_HEX24 = re.compile(r"^[0-9a-f]{24}$")
+_HEX24 = re.compile(r"[0-9a-f]{24}")  # (fullmatch: "$" would allow a final "\n")
 MAX_VERSION = 2**80 - 1
 MAX_INDEX = 2**16 - 1
 
@@ -25,7 +25,7 @@ def versionstamp(version: int, index: int = 0) -> str:
 
 def check_versionstamp(value: object, what: str = "cursor") -> str:
     """``value`` if it is a versionstamp, else a ValidationError naming ``what``."""
-    if not isinstance(value, str) or not _HEX24.match(value):
+    if not isinstance(value, str) or not _HEX24.fullmatch(value):
         raise ValidationError(f"malformed {what} {value!r:.40}: expected 24 lowercase hex digits")
     return value
 

@@ -30,8 +30,9 @@ class Compiling:
         self.signature: list[bool] = []
 
     def text(self, sql: str) -> None:
+        """SQL text (names, keywords): never a placeholder, whatever a name holds."""
         if self.build_text:
-            self.parts.append(sql)
+            self.parts.append(self.catalog.compiler.escape_text(sql))
 
     def sql(self) -> str:
         return "".join(self.parts)

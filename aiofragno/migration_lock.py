@@ -1,0 +1,98 @@
+"""The migration lock: one migration at a time per database, and no migration
+waiting for ever.
+
+PostgreSQL takes a transaction-level advisory lock, MySQL/MariaDB the
+user-level lock ``GET_LOCK``, SQLite its write lock (``BEGIN IMMEDIATE``,
+bounded by ``busy_timeout``). The wait for it is bounded by ``lock_timeout``
+seconds; so, on PostgreSQL and MySQL, is each lock the migration's DDL waits
+for (a table lock that a long transaction holds), since DDL queued behind it
+would hold up every other statement on that table meanwhile. A wait that runs
+out raises :class:`~aiofragno.errors.MigrationError` saying what to do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from .driver import DdlSpec
+from .errors import LockTimeout, MigrationError, ValidationError
+from .sql import sql_using
+
+if TYPE_CHECKING:
+    from .session import Session
+
+MIGRATION_LOCK_KEY = "aiofragno.migrate"
+DEFAULT_LOCK_TIMEOUT = 60.0
+
+
+def check_lock_timeout(lock_timeout: Any) -> None:
+    if (
+        not isinstance(lock_timeout, int | float)
+        or isinstance(lock_timeout, bool)
+        or not math.isfinite(lock_timeout)
+        or lock_timeout <= 0
+    ):
+        raise ValidationError(
+            f"lock_timeout must be a positive number of seconds, got {lock_timeout!r}"
+        )
+
+
+@asynccontextmanager
+async def held(session: Session, compile: Any, spec: DdlSpec, wait: float) -> AsyncIterator[None]:
+    """The migration lock, held on ``session`` for the block, whose lock waits
+    are bounded by ``wait`` seconds too."""
+    await _run(session, compile, spec.lock_timeout_sql, wait)
+    try:
+        await _take(session, compile, spec, wait)
+        try:
+            yield
+        finally:
+            if not session.broken:
+                await _run(session, compile, spec.migration_unlock_sql, wait)
+    finally:
+        if not session.broken:
+            await _run(session, compile, spec.lock_timeout_reset_sql, wait)
+
+
+def timed_out(wait: float, exc: LockTimeout, namespace: str) -> MigrationError:
+    """The error for a DDL statement that waited ``wait`` seconds for a lock."""
+    return MigrationError(
+        f"migrating namespace {namespace!r}: waited lock_timeout={wait} s for a lock that another "
+        f"transaction holds on a table this migration changes ({exc}); run migrate again once "
+        "that transaction has ended, or pass a larger lock_timeout"
+    )
+
+
+async def _take(session: Session, compile: Any, spec: DdlSpec, wait: float) -> None:
+    if not spec.migration_lock_sql:
+        return
+    busy = (
+        f"another migration holds the migration lock: it was not free within lock_timeout={wait} "
+        "s; run migrate again once that migration has finished (or end the session holding the "
+        "lock), or pass a larger lock_timeout"
+    )
+    try:
+        result = await _run(session, compile, spec.migration_lock_sql, wait)
+    except LockTimeout as exc:
+        raise MigrationError(busy) from exc
+    if not result or result[0]["taken"] not in (1, True):
+        raise MigrationError(busy)
+
+
+async def _run(session: Session, compile: Any, template: str | None, wait: float) -> list[Any]:
+    """Run ``template`` if there is one, given the lock key and ``wait`` in the
+    units it takes ({seconds}; {whole_seconds} and {milliseconds}, rounded up
+    and at least 1, as 0 would mean no limit); its rows."""
+    if template is None:
+        return []
+    query = sql_using(
+        template,
+        key=MIGRATION_LOCK_KEY,
+        seconds=wait,
+        whole_seconds=max(1, math.ceil(wait)),
+        milliseconds=max(1, math.ceil(wait * 1000)),
+    )
+    return list((await session.execute(compile(query))).rows)

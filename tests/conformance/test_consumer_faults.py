@@ -15,6 +15,8 @@ at the end); SQLite gets a file per test.
 
 from __future__ import annotations
 
+import itertools
+import random
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -145,19 +147,13 @@ class Env:
         self.namespaces = Namespaces(db)
         self.namespace = self.namespaces.use(db, SCHEMA).namespace
         self.name = f"cf-{uuid.uuid4().hex}"
+        self.start: str | None = None  # the newest entry before ours
         self.stamps: list[str] = []
 
     async def setup(self, entries: int = ENTRIES) -> None:
         await self.db.migrate(SCHEMA, namespace=self.namespace)
-        start = await self.db.outbox.latest()
-        for n in range(entries):
-
-            async def unit(uow: af.UnitOfWork, n: int = n) -> None:
-                uow.create("events", {"n": n})
-
-            await self.db.execute_uow(unit, schema=SCHEMA, namespace=self.namespace)
-        found = await self.db.outbox.list(after=start, limit=1000)
-        self.stamps = [e.versionstamp for e in found]
+        self.start = await self.db.outbox.latest()
+        await self.write(entries)
         assert len(self.stamps) == entries, "another writer used this module's database"
         await self.db.execute(
             af.sql(
@@ -166,9 +162,22 @@ class Env:
                 n=af.Identifier("name"),
                 c=af.Identifier("cursor"),
                 name=self.name,
-                cursor=start,
+                cursor=self.start,
             )
         )
+
+    async def write(self, entries: int, pause: float = 0.0) -> None:
+        """``entries`` more units of one create each; ``stamps`` updated."""
+        for n in range(entries):
+
+            async def unit(uow: af.UnitOfWork, n: int = n) -> None:
+                uow.create("events", {"n": n})
+
+            await self.db.execute_uow(unit, schema=SCHEMA, namespace=self.namespace)
+            await anyio.sleep(pause)
+        self.stamps = []
+        while page := await self.db.outbox.list(after=(self.stamps or [self.start])[-1]):
+            self.stamps += [e.versionstamp for e in page]
 
     async def cleanup(self) -> None:
         for table, column in ((CONSUMERS, "name"), (DEAD_LETTERS, "consumer")):
@@ -411,39 +420,141 @@ async def test_past_the_deadline_the_run_raises_and_a_later_one_resumes(
     await env.check(deliveries, transactional=transactional)
 
 
+@MODES
+async def test_two_workers_under_repeated_cuts_and_outages(
+    env: Env, target: Target, transactional: bool
+) -> None:
+    """Two workers of one consumer, each through a proxy of its own, while
+    entries keep coming and the network keeps failing: every 0.05-0.3 s one
+    proxy cuts its connections; every fourth time the delivering worker's
+    network is gone for twice its lease, so the other takes over. Every entry is delivered, first deliveries in order, never to both
+    workers at once, transactional effects exactly once."""
+    server_only(target)
+    lease = 0.5
+    deliveries = Deliveries()
+    rng = random.Random(23)
+    stop = False
+    faults = 0
+
+    async def handle(entry: OutboxEntry, *tx: Any) -> None:
+        if tx:
+            await tx[0].execute(env.effect(entry))
+
+    async def chaos(proxies: dict[str, Proxy]) -> None:
+        nonlocal faults
+        while True:
+            await anyio.sleep(rng.uniform(0.05, 0.3))
+            faults += 1
+            if faults % 4:
+                rng.choice(list(proxies.values())).cut_all()
+                continue
+            # The worker delivering now loses its network for longer than
+            # its lease: the other one takes over.
+            holder = proxies[deliveries.calls[-1][0] if deliveries.calls else "A"]
+            holder.refuse(True)
+            holder.cut_all()
+            try:
+                await anyio.sleep(lease * 2)
+            finally:  # (also when the chaos is called off meanwhile)
+                holder.refuse(False)
+
+    async def work(worker: str, db: af.Database) -> None:
+        await env.consumer(db, lease=lease).run(
+            deliveries.handler(worker, handle),
+            transactional=transactional,
+            stop=lambda: stop,
+            poll_interval=0.02,
+            batch_size=5,
+        )
+
+    with anyio.fail_after(LIMIT * 2):
+        async with (
+            proxied(env) as (proxy_a, db_a),
+            proxied(env) as (proxy_b, db_b),
+            anyio.create_task_group() as workers,
+        ):
+            workers.start_soon(work, "A", db_a)
+            workers.start_soon(work, "B", db_b)
+            async with anyio.create_task_group() as faulting:
+                faulting.start_soon(chaos, {"A": proxy_a, "B": proxy_b})
+                await env.write(40, pause=0.05)
+                while await env.consumer().position() != env.stamps[-1]:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+                faulting.cancel_scope.cancel()
+            stop = True
+    assert faults >= 5, "too few faults were injected"
+    takeovers = sum(a != b for (a, _), (b, _) in itertools.pairwise(deliveries.calls))
+    assert takeovers >= 1, "the lease never changed hands"
+    await env.check(deliveries, transactional=transactional)
+
+
 # -- a worker that dies holding the lease ----------------------------------------
 
 
-@MODES
-async def test_a_dead_workers_lease_is_taken_over_when_it_lapses(
-    env: Env, target: Target, transactional: bool
-) -> None:
-    """Worker A dies in the middle of an entry (its process gone: its
-    Database closed under it, so it can neither advance nor release). B,
-    started right after with ``until_caught_up``, must not return at once
-    with entries left: it waits until A's lease lapses, takes over, and
-    returns once the consumer is caught up."""
-    lease = 1.0
-    deliveries = Deliveries()
+async def _die_with_closed_database(env: Env, target: Target, run: Run) -> None:
+    """A's process is gone: its Database closed under it, its task ended."""
 
     class Died(BaseException):
         pass
 
     async with af.connect(env.url, backend=target.backend, pool_size=2) as a_db:
 
-        async def die_on_the_third(entry: OutboxEntry, *tx: Any) -> None:
+        async def die(entry: OutboxEntry) -> None:
+            await a_db.close()
+            raise Died
+
+        with pytest.raises(Died):
+            await run(a_db, die)
+
+
+async def _die_unreachable(env: Env, target: Target, run: Run) -> None:
+    """A's network is gone (connections cut, none accepted) and its task is
+    cancelled: its release cannot reach the server."""
+    server_only(target)
+    async with proxied(env, reconnect_deadline=0.5) as (proxy, a_db):
+        with anyio.CancelScope() as scope:
+
+            async def die(entry: OutboxEntry) -> None:
+                proxy.refuse(True)
+                proxy.cut_all()
+                scope.cancel()
+                await anyio.sleep_forever()
+
+            await run(a_db, die)
+        assert scope.cancelled_caught
+
+
+Run = Callable[[af.Database, Callable[[OutboxEntry], Awaitable[None]]], Awaitable[int]]
+DEATHS = {"closed": _die_with_closed_database, "unreachable": _die_unreachable}
+
+
+@MODES
+@pytest.mark.parametrize("death", list(DEATHS))
+async def test_a_dead_workers_lease_is_taken_over_when_it_lapses(
+    env: Env, target: Target, transactional: bool, death: str
+) -> None:
+    """Worker A dies in the middle of an entry, unable to advance or release
+    its lease. B, started right after with ``until_caught_up``, must not
+    return at once with entries left: it waits until A's lease lapses, takes
+    over, and returns once the consumer is caught up."""
+    lease = 1.0
+    deliveries = Deliveries()
+
+    async def run(a_db: af.Database, die: Callable[[OutboxEntry], Awaitable[None]]) -> int:
+        async def on_the_third(entry: OutboxEntry, *tx: Any) -> None:
             if tx:
                 await tx[0].execute(env.effect(entry))
             if entry.versionstamp == env.stamps[2]:
-                await a_db.close()
-                raise Died
+                await die(entry)
 
-        with pytest.raises(Died):
-            await env.consumer(a_db, lease=lease).run(
-                deliveries.handler("A", die_on_the_third),
+        with anyio.fail_after(LIMIT):
+            return await env.consumer(a_db, lease=lease).run(
+                deliveries.handler("A", on_the_third),
                 transactional=transactional,
                 batch_size=ENTRIES,
             )
+
+    await DEATHS[death](env, target, run)
     assert await env.lease_owner() is not None, "A's lease must still be held"
     died = anyio.current_time()
 

@@ -17,6 +17,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -45,16 +46,37 @@ def _url(args: argparse.Namespace) -> str:
     return url
 
 
+def schema_target(target: str) -> tuple[str, str]:
+    """``module:attr`` split, or :class:`UsageError` unless both are Python
+    names (``a.b``, ``..x:y``, ``x:``, ``:y`` are not)."""
+    module_name, colon, attr = target.partition(":")
+    names = module_name.split(".")
+    if not (colon and all(n.isidentifier() for n in names) and attr.isidentifier()):
+        raise UsageError(
+            f"expected module:attr naming an af.Schema (e.g. app.schema:shop), got {target!r}"
+        )
+    return module_name, attr
+
+
 def load_schema(target: str) -> Schema:
-    """``module:attr`` -> the Schema it names."""
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise UsageError(f"expected module:attr naming a Schema, got {target!r}")
-    sys.path.insert(0, os.getcwd())
+    """``module:attr`` -> the Schema it names. The module may live in the
+    current directory, which is on ``sys.path`` only while it is imported:
+    a file there named like a module aiofragno imports later (a driver, the
+    standard library's) must not take its place. Import drivers first."""
+    module_name, attr = schema_target(target)
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"cannot import module {module_name!r}: {exc}") from exc
+    except Exception as exc:  # whatever the module's own code raises, too
+        raise UsageError(
+            f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        if added:
+            sys.path.remove(cwd)
     schema = getattr(module, attr, None)
     if not isinstance(schema, Schema):
         found = "nothing" if schema is None else type(schema).__name__
@@ -63,8 +85,11 @@ def load_schema(target: str) -> Schema:
 
 
 async def cmd_migrate(args: argparse.Namespace) -> None:
-    schema = load_schema(args.schema)
+    schema_target(args.schema)  # a malformed target fails before connecting
     async with connect(_url(args)) as db:
+        # Connected first: the driver is imported before the current directory
+        # (where the schema's module may be) goes on sys.path.
+        schema = load_schema(args.schema)
         result = await db.migrate(schema, namespace=args.namespace, dry_run=args.dry_run)
     for statement in result.statements:
         print(statement.rstrip() + ";")
@@ -74,8 +99,23 @@ async def cmd_migrate(args: argparse.Namespace) -> None:
     )
 
 
+# Characters a terminal acts on, or reorders the text around, instead of
+# showing them: C0 and C1 controls, DEL, the Unicode bidirectional controls,
+# line and paragraph separators; and lone surrogates, which UTF-8 cannot print.
+_UNSAFE = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with each such character written as ``\\uXXXX``. JSON text
+    (where they can only occur inside strings) stays valid JSON of the same value."""
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def _entry_json(entry: Any) -> str:
-    return tagged_json.dumps(
+    """One JSON line for ``entry``, safe to print to a terminal."""
+    text = tagged_json.dumps(
         {
             "versionstamp": entry.versionstamp,
             "uow_id": entry.uow_id,
@@ -84,6 +124,7 @@ def _entry_json(entry: Any) -> str:
             "ref_map": entry.ref_map,
         }
     )
+    return escape_controls(text)
 
 
 async def cmd_outbox_tail(args: argparse.Namespace) -> None:
@@ -245,12 +286,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         anyio.run(args.handler, args, backend=args.runtime)
     except KeyboardInterrupt:
         return 130
-    except (Error, UsageError, OSError, ValueError, RuntimeError) as exc:
+    except Exception as exc:
         if args.debug:
             raise
-        print(f"aiofragno: error: {exc}", file=sys.stderr)
+        print(f"aiofragno: error: {escape_controls(_describe(exc))}", file=sys.stderr)
         return 1
     return 0
+
+
+def _describe(exc: Exception) -> str:
+    """One line for ``exc``: its message, with its type unless it is one of
+    the errors whose messages say what went wrong on their own."""
+    if isinstance(exc, Error | UsageError | OSError | ValueError | RuntimeError) and str(exc):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc} (--debug shows the traceback)"
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from .errors import ValidationError
 from .naming import NamingStrategy
@@ -43,12 +43,12 @@ class DatabaseURL:
 
     @property
     def is_memory(self) -> bool:
-        return self.dialect == "sqlite" and self.database in ("", ":memory:")
+        return self.dialect == "sqlite" and self.database == ":memory:"
 
     def describe(self) -> str:
         """The URL without its password, for messages."""
         if self.dialect == "sqlite":
-            return f"sqlite:///{self.database or ':memory:'}"
+            return f"sqlite:///{self.database}"
         user = f"{self.username}@" if self.username else ""
         port = f":{self.port}" if self.port else ""
         host = self.host or "localhost"
@@ -57,19 +57,56 @@ class DatabaseURL:
         return f"{self.dialect}://{user}{host}{port}/{self.database}"
 
 
+_EXAMPLES = "e.g. 'sqlite:///app.db', 'postgresql://user@host/db' or 'mysql://user:pw@host/db'"
+_ENCODE_HINT = (
+    "percent-encode ':', '/', '?', '#', '@' and '%' in a user name or password, "
+    "e.g. with urllib.parse.quote(password, safe='')"
+)
+
+
 def parse_url(url: str) -> DatabaseURL:
+    """``url`` parsed, or :class:`ValidationError`. No message this raises
+    contains the URL's password, in any form: a malformed URL is shown with
+    its userinfo redacted (see :func:`redact_url`), and urllib's own
+    complaints, which quote the text they choke on, are replaced, not chained."""
     if not isinstance(url, str) or "://" not in url:
-        raise ValidationError(
-            f"bad database URL {url!r}: expected e.g. 'sqlite:///app.db', "
-            "'postgresql://user@host/db' or 'mysql://user:pw@host/db'"
-        )
+        what = "a str without '://'" if isinstance(url, str) else type(url).__name__
+        raise ValidationError(f"bad database URL ({what}): expected {_EXAMPLES}")
     try:
         return _parse(url)
-    except ValueError as exc:  # urllib's complaints (bad IPv6 host, bad port)
-        if isinstance(exc, ValidationError):
-            raise
-        what = "port" if "port" in str(exc).lower() else "address"
-        raise ValidationError(f"bad {what} in database URL {url!r}: {exc}") from None
+    except ValidationError:
+        raise
+    except ValueError:  # urllib's: a bad IPv6 host, an NFKC-unsafe netloc
+        pass
+    # Raised here, outside the except block, so that urllib's exception (whose
+    # text may hold the password) is not even kept as __context__.
+    raise ValidationError(
+        f"bad host in database URL {redact_url(url)!r} (an IPv6 address goes in brackets: "
+        f"postgresql://user@[::1]:5432/db); {_ENCODE_HINT}"
+    )
+
+
+def redact_url(url: str) -> str:
+    """``url`` as error messages may show it: everything between the first
+    ``:`` of the userinfo and the *last* ``@`` becomes ``***`` (so an
+    unencoded ``/``, ``?``, ``#`` or ``@`` in a password cannot move part of
+    it out of the redaction); without any ``@``, a non-numeric "port" is
+    hidden as well (``user:password`` with the host forgotten), and so is a
+    ``#fragment``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    rest, hash_, _ = rest.partition("#")
+    fragment = "#***" if hash_ else ""
+    userinfo, at, hostpart = rest.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        shown = f"{user}:***@{hostpart}" if colon else f"{userinfo}@{hostpart}"
+    else:
+        end = next((i for i, ch in enumerate(rest) if ch in "/?"), len(rest))
+        host, colon, port = rest[:end].rpartition(":")
+        shown = rest if not colon or port.isdigit() or "]" in port else f"{host}:***"
+    return f"{scheme}{sep}{shown}{fragment}"
 
 
 def _parse(url: str) -> DatabaseURL:
@@ -80,17 +117,20 @@ def _parse(url: str) -> DatabaseURL:
         raise ValidationError(
             f"unknown database URL scheme {scheme!r}; use one of: postgresql, mysql, sqlite"
         )
+    if "#" in url or "@" in parts.path + parts.query:
+        raise ValidationError(
+            f"bad database URL {redact_url(url)!r}: a '#', or an '@' after the host, is "
+            f"not part of a database URL; {_ENCODE_HINT}"
+        )
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     if dialect == "sqlite":
-        if parts.netloc:
-            raise ValidationError(
-                f"bad SQLite URL {url!r}: write sqlite:///relative/path.db, "
-                "sqlite:////absolute/path.db or sqlite:///:memory:"
-            )
-        return DatabaseURL("sqlite", backend or None, database=unquote(parts.path[1:]), query=query)
-    port = parts.port
-    if port == 0:
-        raise ValidationError(f"bad port in database URL {url!r}: 0")
+        return _sqlite(url, parts, backend, query)
+    port = _port(parts)
+    if port is not None and not 1 <= port <= 65535:
+        raise ValidationError(
+            f"bad port in database URL {redact_url(url)!r}: expected a number in 1..65535 "
+            f"after the host; {_ENCODE_HINT}"
+        )
     return DatabaseURL(
         dialect,
         backend or None,
@@ -101,6 +141,30 @@ def _parse(url: str) -> DatabaseURL:
         database=unquote(parts.path.lstrip("/")),
         query=query,
     )
+
+
+def _port(parts: SplitResult) -> int | None:
+    """The port, or -1 when it is not a valid number (urllib's ValueError
+    quotes the text, which may be part of a password)."""
+    try:
+        return parts.port
+    except ValueError:
+        return -1
+
+
+def _sqlite(url: str, parts: SplitResult, backend: str, query: dict[str, str]) -> DatabaseURL:
+    forms = "sqlite:///relative/path.db, sqlite:////absolute/path.db or sqlite:///:memory:"
+    if parts.netloc:
+        raise ValidationError(f"bad SQLite URL {redact_url(url)!r}: write {forms}")
+    database = unquote(parts.path[1:])
+    if not database:
+        # An empty path would open a private in-memory database, which
+        # vanishes with its connection: say so explicitly if that is meant.
+        raise ValidationError(
+            f"SQLite URL {url!r} names no database file: write {forms} "
+            "(an in-memory database must be asked for as sqlite:///:memory:)"
+        )
+    return DatabaseURL("sqlite", backend or None, database=database, query=query)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,8 +24,6 @@ from aiofragno.url import DatabaseURL, Options, parse_url
         ("sqlite:///data/app.db", "data/app.db", False),
         ("sqlite:////var/db/app.db", "/var/db/app.db", False),
         ("sqlite:///:memory:", ":memory:", True),
-        ("sqlite://", "", True),
-        ("sqlite:///", "", True),
         ("sqlite:///my%20app.db", "my app.db", False),
         ("sqlite:////tmp/caf%C3%A9.db", "/tmp/café.db", False),
     ],
@@ -77,7 +75,14 @@ def test_sqlite_describe_round_trips() -> None:
         parsed = parse_url(url)
         assert parsed.describe() == url
         assert parse_url(parsed.describe()).database == parsed.database
-    assert parse_url("sqlite://").describe() == "sqlite:///:memory:"
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///?pool_size=1"])
+def test_sqlite_without_a_path_is_refused(url: str) -> None:
+    # It used to open a private in-memory database silently: a typo that
+    # loses every write when the connection closes.
+    with pytest.raises(af.ValidationError, match=r"sqlite:///:memory:"):
+        parse_url(url)
 
 
 # ------------------------------------------------------------------ parse_url: server dialects

@@ -7,98 +7,115 @@ Delivery guarantees of :meth:`Consumer.run`:
   returned (or that were dead-lettered); an entry whose handler was interrupted
   (exception, cancellation, crash) is delivered again by the next run;
 * **one worker at a time**: workers of one consumer name take a *lease* on the
-  consumer's row before delivering. The lease is claimed under the dialect's
-  row lock (``FOR UPDATE SKIP LOCKED`` on PostgreSQL and MySQL; SQLite's
-  single-writer ``BEGIN IMMEDIATE``), lasts ``lease`` seconds and is renewed
-  with every cursor advance. No transaction is held while a handler runs
-  (except with ``transactional=True``), so a slow handler never blocks writers.
-  A handler call must finish within the lease, or another worker may take over;
+  consumer's row before delivering (see :mod:`aiofragno.outbox.lease`). It
+  lasts ``lease`` seconds and is renewed before a handler call whenever a
+  third of it has passed, so a handler call must finish within two thirds of
+  the lease, or another worker may take over. No transaction is held while a
+  handler runs (except with ``transactional=True``), so a slow handler never
+  blocks writers;
 * **exactly-once effects** with ``transactional=True``: the handler receives
   the transaction that also advances the cursor, so its writes to the same
-  database commit together with the delivery, or not at all.
+  database commit together with the delivery, or not at all;
+* **lost connections are ridden out** at every step, up to
+  ``reconnect_deadline`` per step (then :class:`DatabaseUnavailable`), without
+  skipping an entry or delivering one to two workers at once (see
+  :mod:`aiofragno.outbox.riding`). An entry whose cursor advance was lost may
+  be delivered again; with ``transactional=True`` a lost COMMIT is settled by
+  the cursor row before anything is redelivered.
 
-A handler that keeps failing is retried with backoff ``max_attempts`` times;
-then the entry is written to the dead-letter table and skipped
+A handler that keeps failing is retried with backoff (doubling from
+``retry_delay``, at most ``max_retry_delay``) ``max_attempts`` times; then the
+entry is written to the dead-letter table and skipped
 (``on_failure="dead-letter"``), or the consumer stops with
-:class:`ConsumerHalted` (``on_failure="halt"``).
+:class:`ConsumerHalted` (``on_failure="halt"``, or when the dead letter
+cannot be stored).
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from .. import runtime, tagged_json
-from ..codec import as_utc, utc_now
-from ..errors import Error, UniqueViolation, ValidationError
-from ..schema import new_external_id
-from ..session import Queries
+from .. import runtime
+from ..errors import DatabaseClosed, DatabaseUnavailable, Error, ValidationError
+from ..resilience import shared_deadline
 from ..sql import Identifier, sql_using
+from . import dead_letters
+from .dead_letters import DeadLetter
 from .entry import OutboxEntry
+from .lease import MAX_LEASE, MIN_LEASE, AlreadyPast, Lease, LeaseLost
 from .queries import check_limit, read_entries
-from .tables import CONSUMERS_ID, DEAD_LETTERS_ID, OUTBOX_ID
+from .riding import Attempt, ride_out, unavailable
+from .tables import CONSUMERS_ID, OUTBOX_ID
 
 if TYPE_CHECKING:
     from ..database import Database
 
+__all__ = ["Consumer", "ConsumerHalted", "DeadLetter"]
+
 Handler = Callable[..., Awaitable[Any]]
-logger = logging.getLogger("aiofragno")
+Stop = runtime.Event | Callable[[], bool] | None
+
+MAX_RETRY_DELAY = 60.0
+MAX_SECONDS = 86_400.0  # for poll_interval and the retry delays
 
 
 class ConsumerHalted(Error):
-    """A consumer with ``on_failure="halt"`` stopped at an entry its handler
-    kept failing on. ``versionstamp`` is that entry; the cursor stays before it."""
+    """A consumer stopped at an entry: its handler kept failing there and
+    ``on_failure="halt"``, or the entry's dead letter could not be stored.
+    ``versionstamp`` is that entry; the cursor stays before it."""
 
     def __init__(self, message: str, versionstamp: str) -> None:
         super().__init__(message)
         self.versionstamp = versionstamp
 
 
-class _LeaseLost(Exception):
-    """Another worker took the consumer over (our lease expired)."""
+def _seconds(name: str, value: object, low: float, high: float) -> float:
+    # (NaN and infinities fail the range test; a huge int does not overflow it.)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ValidationError(f"{name} must be a number of seconds in {low}..{high}, got {value!r}")
+    return float(value)
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    consumer: str
-    versionstamp: str
-    uow_id: str
-    entry: dict[str, Any]
-    error: str
-    attempts: int
-    created_at: datetime
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not 1 <= len(name) <= 255:
+        raise ValidationError(
+            f"consumer names are non-empty str of at most 255 characters, got {name!r}"
+        )
+    if "\x00" in name or not _encodable(name):
+        raise ValidationError(f"consumer names cannot hold NUL or lone surrogates, got {name!r}")
+    return name
 
 
-_C = {
-    "t": CONSUMERS_ID,
-    "name": Identifier("name"),
-    "cursor": Identifier("cursor"),
-    "owner": Identifier("lease_owner"),
-    "until": Identifier("lease_until"),
-    "delivered": Identifier("delivered"),
-}
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates
+        return False
+    return True
 
 
 class Consumer:
-    """A named, durable reader of the outbox (see the module docstring)."""
+    """A named, durable reader of the outbox (see the module docstring).
+    ``lease``: seconds, in 0.01..86400."""
 
     def __init__(self, db: Database, name: str, *, lease: float = 30.0) -> None:
-        if not isinstance(name, str) or not name or len(name) > 255:
-            raise ValidationError(
-                f"consumer names are non-empty str of at most 255 characters, got {name!r}"
-            )
         self._db = db
-        self.name = name
-        self.lease = lease
+        self.name = _check_name(name)
+        self.lease = _seconds("lease", lease, MIN_LEASE, MAX_LEASE)
 
     async def position(self) -> str | None:
         """The versionstamp of the last entry delivered, or None."""
-        query = sql_using("SELECT {cursor} FROM {t} WHERE {name} = {n}", **_C, n=self.name)
+        query = sql_using(
+            "SELECT {c} FROM {t} WHERE {k} = {n}",
+            c=Identifier("cursor"),
+            t=CONSUMERS_ID,
+            k=Identifier("name"),
+            n=self.name,
+        )
         value = await self._db.fetch_value(query)
         return None if value is None else str(value)
 
@@ -114,33 +131,7 @@ class Consumer:
         )
 
     async def dead_letters(self) -> list[DeadLetter]:
-        cols = ["consumer", "versionstamp", "uow_id", "entry", "error", "attempts", "created_at"]
-        query = sql_using(
-            "SELECT "
-            + ", ".join(f"{{c{i}}}" for i in range(len(cols)))
-            + " FROM {t} WHERE {k} = {n} ORDER BY {v}",
-            **{f"c{i}": Identifier(c) for i, c in enumerate(cols)},
-            t=DEAD_LETTERS_ID,
-            k=Identifier("consumer"),
-            v=Identifier("versionstamp"),
-            n=self.name,
-        )
-        decode = self._db.codec.decoder("timestamp")
-        letters = []
-        for row in await self._db.fetch(query):
-            created = row["created_at"] if decode is None else decode(row["created_at"])
-            letters.append(
-                DeadLetter(
-                    consumer=row["consumer"],
-                    versionstamp=row["versionstamp"],
-                    uow_id=row["uow_id"],
-                    entry=tagged_json.loads(row["entry"]),
-                    error=row["error"],
-                    attempts=int(row["attempts"]),
-                    created_at=created,
-                )
-            )
-        return letters
+        return await dead_letters.read(self._db, self.name)
 
     async def run(
         self,
@@ -150,53 +141,78 @@ class Consumer:
         max_attempts: int = 5,
         on_failure: Literal["dead-letter", "halt"] = "dead-letter",
         transactional: bool = False,
-        stop: runtime.Event | Callable[[], bool] | None = None,
+        stop: Stop = None,
         until_caught_up: bool = False,
         poll_interval: float = 0.5,
         retry_delay: float = 0.05,
+        max_retry_delay: float = MAX_RETRY_DELAY,
     ) -> int:
         """Deliver entries to ``handler`` (``await handler(entry)``, or
         ``await handler(entry, tx)`` when ``transactional``) until ``stop`` is
         set / returns True, or — with ``until_caught_up`` — until no entry is
-        left. Returns how many entries were delivered."""
-        check_limit(batch_size)
-        if on_failure not in ("dead-letter", "halt"):
-            raise ValidationError(f"on_failure must be 'dead-letter' or 'halt', got {on_failure!r}")
-        if not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValidationError(f"max_attempts must be a positive int, got {max_attempts!r}")
-        run = _Run(self, handler, max_attempts, on_failure, transactional, retry_delay)
-        await self._ensure_row()
-        try:
-            while not _stopped(stop):
-                if not await run.claim():
-                    if until_caught_up:
-                        return run.delivered
-                    await runtime.sleep(poll_interval)
-                    continue
-                try:
-                    count = await run.batch(batch_size, stop)
-                except _LeaseLost:
-                    continue
-                if count == 0:
-                    if until_caught_up:
-                        return run.delivered
-                    await runtime.sleep(poll_interval)
-            return run.delivered
-        finally:
-            await run.release()
+        left. Returns how many entries this call delivered.
 
-    async def _ensure_row(self) -> None:
-        query = sql_using("SELECT 1 FROM {t} WHERE {name} = {n}", **_C, n=self.name)
-        if await self._db.fetch_value(query) is not None:
-            return
-        # Another worker may create it first: that is all we wanted.
-        with contextlib.suppress(UniqueViolation):
-            await self._db.execute(
-                sql_using("INSERT INTO {t} ({name}) VALUES ({n})", **_C, n=self.name)
-            )
+        While another worker holds the lease, waits (checking every
+        ``poll_interval``) until it is released or lapses, then takes over;
+        with ``until_caught_up`` it returns as soon as the consumer is caught
+        up, by whichever worker. Raises :class:`ValidationError` for bad
+        arguments before touching the database, :class:`ConsumerHalted`, and
+        :class:`DatabaseUnavailable` when the database stayed out of reach
+        past ``reconnect_deadline``."""
+        options = _Options(
+            batch_size=check_limit(batch_size, "batch_size"),
+            max_attempts=_attempts(max_attempts),
+            halt=_on_failure(on_failure),
+            transactional=_flag("transactional", transactional),
+            until_caught_up=_flag("until_caught_up", until_caught_up),
+            poll_interval=_seconds("poll_interval", poll_interval, 0.001, MAX_SECONDS),
+            retry_delay=_seconds("retry_delay", retry_delay, 0.0, MAX_SECONDS),
+            max_retry_delay=_seconds("max_retry_delay", max_retry_delay, 0.001, MAX_SECONDS),
+        )
+        if not callable(handler):
+            raise ValidationError(f"handler must be an async callable, got {handler!r}")
+        if not (stop is None or isinstance(stop, runtime.Event) or callable(stop)):
+            raise ValidationError(f"stop must be an Event, a callable or None, got {stop!r}")
+        return await _Run(self, handler, options).run(stop)
+
+    async def _caught_up(self) -> bool:
+        """Whether the cursor is at the newest entry (whoever moved it)."""
+        cursor = await self.position()
+        latest = await self._db.outbox.latest()
+        return latest is None or (cursor is not None and cursor >= latest)
 
 
-def _stopped(stop: runtime.Event | Callable[[], bool] | None) -> bool:
+@dataclass(frozen=True, slots=True)
+class _Options:
+    batch_size: int
+    max_attempts: int
+    halt: bool
+    transactional: bool
+    until_caught_up: bool
+    poll_interval: float
+    retry_delay: float
+    max_retry_delay: float
+
+
+def _attempts(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValidationError(f"max_attempts must be a positive int, got {value!r}")
+    return value
+
+
+def _on_failure(value: object) -> bool:
+    if value not in ("dead-letter", "halt"):
+        raise ValidationError(f"on_failure must be 'dead-letter' or 'halt', got {value!r}")
+    return value == "halt"
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValidationError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def _stopped(stop: Stop) -> bool:
     if stop is None:
         return False
     if isinstance(stop, runtime.Event):
@@ -213,181 +229,220 @@ async def _call(handler: Handler, *args: Any) -> None:
 class _Run:
     """The state of one ``Consumer.run`` call."""
 
-    def __init__(
-        self,
-        consumer: Consumer,
-        handler: Handler,
-        max_attempts: int,
-        on_failure: str,
-        transactional: bool,
-        retry_delay: float,
-    ) -> None:
+    def __init__(self, consumer: Consumer, handler: Handler, options: _Options) -> None:
         self.consumer = consumer
         self.db = consumer._db
         self.handler = handler
-        self.max_attempts = max_attempts
-        self.on_failure = on_failure
-        self.transactional = transactional
-        self.retry_delay = retry_delay
-        self.owner = new_external_id()
+        self.options = options
+        self.lease = Lease(self.db, consumer.name, consumer.lease)
+        self.what = self.lease.what
         self.delivered = 0
-        self.cursor: str | None = None
+        # Plain mode: the last entry done in this batch and how many of those
+        # the handler took, not yet recorded by a cursor advance.
+        self.done: str | None = None
+        self.pending = 0
 
-    async def now_ms(self, queries: Queries) -> int:
-        now = await queries.fetch_value(self.db.raw(self.db.adapter.now_sql))
-        return int(as_utc(now).timestamp() * 1000)
+    async def run(self, stop: Stop) -> int:
+        await self.lease.ensure_row()
+        try:
+            while not _stopped(stop):
+                if not await self.lease.claim():
+                    if self.options.until_caught_up and await ride_out(
+                        self.db, self.what, self.consumer._caught_up
+                    ):
+                        return self.delivered
+                    await runtime.sleep(self.options.poll_interval)
+                    continue
+                try:
+                    count = await self.batch(stop)
+                except LeaseLost:
+                    continue
+                if count == 0:
+                    if self.options.until_caught_up:
+                        return self.delivered
+                    await runtime.sleep(self.options.poll_interval)
+            return self.delivered
+        finally:
+            await self.lease.release()
 
-    async def claim(self) -> bool:
-        """Take (or renew) the lease; False while another worker holds it."""
-        lock = " FOR UPDATE SKIP LOCKED" if self.db.adapter.supports_skip_locked else ""
-        select = sql_using(
-            "SELECT {cursor}, {owner}, {until} FROM {t} WHERE {name} = {n}" + lock,
-            **_C,
-            n=self.consumer.name,
+    async def batch(self, stop: Stop) -> int:
+        """Deliver the next entries after the cursor; how many there were."""
+        size, cursor = self.options.batch_size, self.lease.cursor
+        entries = await ride_out(
+            self.db, self.what, lambda: read_entries(self.db, self.db, cursor, size)
         )
-        async with self.db.transaction() as tx:
-            row = await tx.fetch_one(select)
-            if row is None:
-                return False  # locked by another worker right now
-            now = await self.now_ms(tx)
-            holder, until = row["lease_owner"], row["lease_until"]
-            if holder not in (None, self.owner) and until is not None and int(until) > now:
-                return False
-            await tx.execute(self._lease_update(now))
-            self.cursor = row["cursor"]
-        return True
-
-    def _lease_update(self, now: int, *, cursor: str | None = None, delivered: int = 0) -> Any:
-        """Renew our lease; with ``cursor``, also advance — only while the lease
-        is still ours."""
-        template = "UPDATE {t} SET {owner} = {o}, {until} = {u} WHERE {name} = {n}"
-        params: dict[str, Any] = {}
-        if cursor is not None:
-            template = (
-                "UPDATE {t} SET {owner} = {o}, {until} = {u}, {cursor} = {c}, "
-                "{delivered} = {delivered} + {d} WHERE {name} = {n} AND {owner} = {o}"
-            )
-            params = {"c": cursor, "d": delivered}
-        until = now + int(self.consumer.lease * 1000)
-        return sql_using(template, **_C, o=self.owner, u=until, n=self.consumer.name, **params)
-
-    async def advance(self, queries: Queries, cursor: str, count: int) -> None:
-        """Move the cursor to ``cursor`` if we still hold the lease."""
-        now = await self.now_ms(queries)
-        result = await queries.execute(self._lease_update(now, cursor=cursor, delivered=count))
-        if result.rows_affected == 0:
-            raise _LeaseLost
-        self.cursor = cursor
-
-    async def release(self) -> None:
-        if self.db.closed:
-            return
-        with runtime.shielded(5.0):
-            query = sql_using(
-                "UPDATE {t} SET {owner} = NULL, {until} = NULL WHERE {name} = {n} AND {owner} = {o}",
-                **_C,
-                n=self.consumer.name,
-                o=self.owner,
-            )
-            try:
-                await self.db.execute(query)
-            except Error as exc:
-                logger.warning(
-                    "could not release consumer %r's lease (it expires by itself): %s",
-                    self.consumer.name,
-                    exc,
-                )
-
-    async def batch(self, size: int, stop: Any) -> int:
-        entries = await read_entries(self.db, self.db, self.cursor, size)
-        if self.transactional:
+        if self.options.transactional:
             for entry in entries:
                 if _stopped(stop):
                     break
                 await self.deliver_in_transaction(entry)
             return len(entries)
-        done: OutboxEntry | None = None
-        count = 0
         try:
             for entry in entries:
                 if _stopped(stop):
                     break
                 if await self.deliver(entry):
-                    count += 1
-                done = entry
-        finally:
-            if done is not None:
-                with runtime.shielded(5.0):
-                    await self.advance(self.db, done.versionstamp, count)
-                self.delivered += count
+                    self.pending += 1
+                self.done = entry.versionstamp
+        except BaseException:
+            await self.flush_on_the_way_out()
+            raise
+        await self.flush()
         return len(entries)
+
+    async def keep_lease(self) -> None:
+        """Before a handler call: renew the lease if it is due (recording the
+        entries done so far, in plain mode); :class:`LeaseLost` if it is gone."""
+        if self.lease.due():
+            if self.done is not None:
+                await self.flush()
+            else:
+                await self.lease.renew()
+
+    async def flush(self) -> None:
+        """Advance the cursor past the entries done in this batch."""
+        done, pending = self.done, self.pending
+        # Whatever happens, these are settled: advanced, or to be delivered again.
+        self.done, self.pending = None, 0
+        if done is not None:
+            await self.lease.advance(done, pending)
+            self.delivered += pending
+
+    async def flush_on_the_way_out(self) -> None:
+        # While an exception (a cancellation, too) propagates: record what was
+        # done if that can be had quickly, without hiding the exception.
+        with runtime.shielded(5.0), contextlib.suppress(Error, LeaseLost):
+            await self.flush()  # (if not, those entries are delivered again)
+
+    async def pause(self, failures: int) -> None:
+        """The backoff after the handler's ``failures``-th failure, keeping
+        the lease meanwhile."""
+        exponent = min(failures - 1, 64)  # (2 ** 1000 is no float)
+        delay = min(self.options.max_retry_delay, self.options.retry_delay * 2**exponent)
+        end = runtime.monotonic() + delay
+        while (left := end - runtime.monotonic()) > 0:
+            await runtime.sleep(min(left, self.lease.seconds / 3))
+            await self.keep_lease()
 
     async def deliver(self, entry: OutboxEntry) -> bool:
         """True when the handler took ``entry``; False when it was dead-lettered."""
-        for attempt in range(1, self.max_attempts + 1):
+        for failures in range(self.options.max_attempts):
+            if failures:
+                await self.pause(failures)
+            await self.keep_lease()
             try:
                 await _call(self.handler, entry)
                 return True
             except Exception as exc:
-                if attempt == self.max_attempts:
-                    await self.give_up(self.db, entry, exc, attempt)
-                    return False
-                await runtime.sleep(self.retry_delay * 2 ** (attempt - 1))
-        raise AssertionError("max_attempts >= 1 was checked by run()")
+                error = exc
+        await self.give_up(entry, error)
+        return False
 
-    async def deliver_in_transaction(self, entry: OutboxEntry) -> None:
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                async with self.db.transaction() as tx:
-                    await _call(self.handler, entry, tx)
-                    await self.advance(tx, entry.versionstamp, 1)
-                self.delivered += 1
+    async def give_up(self, entry: OutboxEntry, exc: Exception) -> None:
+        """Dead-letter ``entry`` on a statement of its own (plain mode)."""
+        error = self.halt_or_error_text(entry, exc)
+        tries = 0
+
+        async def store() -> None:
+            nonlocal tries
+            tries += 1
+            # After a lost connection the INSERT may have been done already.
+            exists = dead_letters.exists(self.consumer.name, entry.versionstamp)
+            if tries > 1 and await self.db.fetch_value(exists) is not None:
                 return
-            except _LeaseLost:
-                raise
-            except Exception as exc:
-                if attempt == self.max_attempts:
-                    async with self.db.transaction() as tx:
-                        await self.give_up(tx, entry, exc, attempt)
-                        await self.advance(tx, entry.versionstamp, 0)
-                    return
-                await runtime.sleep(self.retry_delay * 2 ** (attempt - 1))
+            query = dead_letters.insert(
+                self.db, self.consumer.name, entry, error, self.options.max_attempts
+            )
+            await self.db.execute(query)
 
-    async def give_up(
-        self, queries: Queries, entry: OutboxEntry, exc: Exception, attempts: int
-    ) -> None:
-        error = f"{type(exc).__name__}: {exc}"
-        if self.on_failure == "halt":
+        try:
+            await ride_out(self.db, self.what, store)
+        except (DatabaseUnavailable, DatabaseClosed):
+            raise
+        except Error as failed:
+            raise self.not_stored(entry, error, failed) from failed
+
+    def halt_or_error_text(self, entry: OutboxEntry, exc: Exception) -> str:
+        error = dead_letters.error_text(exc)
+        if self.options.halt:
             raise ConsumerHalted(
-                f"consumer {self.consumer.name!r} halted at {entry.versionstamp} after {attempts} attempts: {error}",
+                f"{self.what} halted at {entry.versionstamp} after "
+                f"{self.options.max_attempts} attempts: {error}",
                 entry.versionstamp,
             ) from exc
-        await queries.execute(_dead_letter(self.db, self.consumer.name, entry, error, attempts))
+        return error
 
+    def not_stored(self, entry: OutboxEntry, error: str, failed: Exception) -> ConsumerHalted:
+        return ConsumerHalted(
+            f"{self.what} stopped at {entry.versionstamp}: its handler failed "
+            f"{self.options.max_attempts} times ({error}), and the dead letter could not be "
+            f"stored ({failed}); the cursor stays before the entry: fix that and run it again",
+            entry.versionstamp,
+        )
 
-def _dead_letter(db: Database, consumer: str, entry: OutboxEntry, error: str, attempts: int) -> Any:
-    record = {
-        "versionstamp": entry.versionstamp,
-        "uow_id": entry.uow_id,
-        "payload": entry.payload,
-        "ref_map": entry.ref_map,
-        "created_at": entry.created_at,
-    }
-    return sql_using(
-        "INSERT INTO {t} ({c}, {v}, {u}, {e}, {err}, {a}, {at}) VALUES ({consumer}, {vs}, {uow}, {entry}, {error}, {attempts}, {now})",
-        t=DEAD_LETTERS_ID,
-        c=Identifier("consumer"),
-        v=Identifier("versionstamp"),
-        u=Identifier("uow_id"),
-        e=Identifier("entry"),
-        err=Identifier("error"),
-        a=Identifier("attempts"),
-        at=Identifier("created_at"),
-        consumer=consumer,
-        vs=entry.versionstamp,
-        uow=entry.uow_id,
-        entry=tagged_json.dumps(record),
-        error=error[:10_000],
-        attempts=attempts,
-        now=db.codec.encoder("timestamp")(utc_now()),
-    )
+    async def deliver_in_transaction(self, entry: OutboxEntry) -> None:
+        """Deliver ``entry`` in the transaction that advances the cursor past
+        it; after the handler's last failure, dead-letter it in one. A lost
+        connection is not a failure of the handler's: the lost session is
+        ended and the cursor row tells whether the delivery committed."""
+        failures = 0
+        error: Exception | None = None
+        with shared_deadline(self.db.options.reconnect_deadline) as outage:
+            while True:
+                await self.keep_lease()
+                attempt = Attempt(self.db)
+                try:
+                    if failures < self.options.max_attempts:
+                        await self.attempt(attempt, entry)
+                    else:
+                        assert error is not None
+                        await self.dead_letter_in_transaction(attempt, entry, error)
+                    return
+                except (LeaseLost, ConsumerHalted, DatabaseClosed):
+                    raise
+                except AlreadyPast:
+                    return
+                except Exception as exc:
+                    if not attempt.lost(exc):
+                        if failures == self.options.max_attempts:
+                            raise self.not_stored(
+                                entry, dead_letters.error_text(error or exc), exc
+                            ) from exc
+                        failures, error = failures + 1, exc
+                        if failures < self.options.max_attempts:
+                            await self.pause(failures)
+                        continue
+                    if not await outage.wait():
+                        raise unavailable(self.db, self.what, exc) from exc
+                    if await self.settled(attempt, entry):
+                        return
+
+    async def attempt(self, attempt: Attempt, entry: OutboxEntry) -> None:
+        async with attempt.transaction() as tx:
+            await _call(self.handler, entry, tx)
+            started = await self.lease.advance_in(tx, entry.versionstamp)
+        self.lease.moved(entry.versionstamp, started)
+        self.delivered += 1
+
+    async def dead_letter_in_transaction(
+        self, attempt: Attempt, entry: OutboxEntry, exc: Exception
+    ) -> None:
+        error = self.halt_or_error_text(entry, exc)
+        async with attempt.transaction() as tx:
+            await tx.execute(
+                dead_letters.insert(
+                    self.db, self.consumer.name, entry, error, self.options.max_attempts
+                )
+            )
+            started = await self.lease.advance_in(tx, entry.versionstamp)
+        self.lease.moved(entry.versionstamp, started)
+
+    async def settled(self, attempt: Attempt, entry: OutboxEntry) -> bool:
+        """After ``attempt`` lost its connection: whether ``entry``'s delivery
+        committed. Its session is ended first, so the answer is final."""
+
+        async def look() -> bool:
+            await attempt.end_lost_session()
+            return await self.lease.passed(entry.versionstamp)
+
+        return await ride_out(self.db, self.what, look)

@@ -22,9 +22,9 @@ COLUMNS = Fragment.join(
 )
 
 
-def check_limit(limit: object) -> int:
+def check_limit(limit: object, name: str = "limit") -> int:
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
-        raise ValidationError(f"limit must be an int in 1..{MAX_LIMIT}, got {limit!r}")
+        raise ValidationError(f"{name} must be an int in 1..{MAX_LIMIT}, got {limit!r}")
     return limit
 
 

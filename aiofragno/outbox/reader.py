@@ -37,7 +37,7 @@ class OutboxReader:
         or until you stop iterating."""
         if after is not None:
             check_versionstamp(after)
-        check_limit(batch_size)
+        check_limit(batch_size, "batch_size")
         while True:
             entries = await read_entries(self._db, self._db, after, batch_size)
             for entry in entries:

@@ -10,16 +10,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
 from itertools import chain
 from typing import Any
 
 import asyncmy
 import asyncmy.errors
 from asyncmy.constants import CLIENT, FIELD_TYPE
-from asyncmy.constants.SERVER_STATUS import SERVER_STATUS_NO_BACKSLASH_ESCAPES
+from asyncmy.converters import escape_date, escape_datetime, escape_time, escape_timedelta
 
 from ..dialects import mysql
 from ..driver import (
@@ -41,6 +43,7 @@ from ..errors import (
     IntegrityError,
     ProgrammingError,
     QueryCanceled,
+    ValidationError,
 )
 from ..pool import PooledDialect
 from ..url import DatabaseURL, Options
@@ -87,44 +90,84 @@ def _utc_rows(description: Any, tuples: list[tuple[Any, ...]]) -> list[tuple[Any
 
 Killer = Callable[[int, str], Awaitable[None]]
 
-# What a MySQL string literal escapes with backslashes (the backslash first, so
-# that the ones added later are not doubled).
-_ESCAPES = (
-    ("\\", "\\\\"),
-    ("\0", "\\0"),
-    ("\n", "\\n"),
-    ("\r", "\\r"),
-    ("\x1a", "\\Z"),
-    ("'", "\\'"),
-    ('"', '\\"'),
+# Values are written into the statement text (MySQL's text protocol has no
+# parameters) by the functions below, never by the driver's escaping: each
+# literal reads as the same value whatever the session's sql_mode
+# (NO_BACKSLASH_ESCAPES or not), and none can end early under any character
+# set — so a session changed by raw SQL, or a statement earlier in the same
+# text, cannot make a value run as SQL. The compiler lets only these types
+# through (``scalars`` in the dialect); the driver escapes nothing of ours.
+
+
+def _text(value: str) -> str:
+    # A doubled quote is one quote in either backslash mode. A backslash has
+    # no spelling that both modes read alike, so text holding one goes as the
+    # hex of its UTF-8, which nothing reinterprets (same charset and
+    # collation as a plain literal: the session runs SET NAMES utf8mb4).
+    if "\\" in value:
+        return "_utf8mb4 X'" + value.encode().hex() + "'"
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _binary(value: bytes | bytearray | memoryview) -> str:
+    return "X'" + bytes(value).hex() + "'"
+
+
+def _float(value: float) -> str:
+    if not math.isfinite(value):
+        raise ValidationError(f"MySQL has no {value!r}; store a finite number or NULL")
+    text = float.__repr__(value)
+    return text if "e" in text else text + "e0"  # a DOUBLE, not an exact DECIMAL
+
+
+def _decimal(value: Decimal) -> str:
+    if not value.is_finite():
+        raise ValidationError(f"MySQL has no Decimal {value}; store a finite number or NULL")
+    return format(value, "f")
+
+
+_LITERALS: dict[type, Callable[[Any], str]] = {
+    str: _text,
+    int: int.__repr__,
+    bool: lambda value: "1" if value else "0",
+    type(None): lambda value: "NULL",
+    float: _float,
+    Decimal: _decimal,
+    bytes: _binary,
+    bytearray: _binary,
+    memoryview: _binary,
+    datetime: escape_datetime,
+    date: escape_date,
+    time: escape_time,
+    timedelta: escape_timedelta,
+}
+# For subclasses (an IntEnum, a StrEnum): the base's literal of the value it
+# holds, whatever the subclass overrides. datetime before date.
+_BASES: tuple[tuple[type, Callable[[Any], str]], ...] = (
+    (str, lambda value: _text(str.__str__(value))),
+    (int, int.__repr__),
+    (float, lambda value: _float(float(value))),
+    *((base, _LITERALS[base]) for base in (Decimal, bytes, bytearray, datetime, date, time)),
+    (timedelta, escape_timedelta),
 )
-# Longer strings are escaped here: asyncmy escapes a string with a special
-# character (every JSON text has quotes) one character at a time, ~23 us for
-# an outbox payload against ~2 us for these scans; shorter ones are cheaper
-# through asyncmy, which passes clean strings through unchanged.
-_LONG_TEXT = 64
 
 
-def _quoted(text: str) -> str:
-    for char, escaped in _ESCAPES:
-        if char in text:
-            text = text.replace(char, escaped)
-    return "'" + text + "'"
+def _literal(value: Any) -> str:
+    write = _LITERALS.get(type(value))
+    if write is None:
+        write = next((w for base, w in _BASES if isinstance(value, base)), None)
+        if write is None:
+            raise ValidationError(
+                f"cannot bind a {type(value).__name__} value on MySQL; convert it "
+                "(for example str(value)) before passing it"
+            )
+    return write(value)
 
 
-def _bind(raw: Any, sql: str, parameters: Sequence[Any]) -> str:
-    """``sql`` with ``parameters`` as literals: asyncmy binds client-side too
-    (MySQL's text protocol has no parameters), here with a faster path for
-    long strings."""
-    literal = raw.literal
-    if raw.server_status & SERVER_STATUS_NO_BACKSLASH_ESCAPES:
-        return sql % tuple([literal(value) for value in parameters])
-    return sql % tuple(
-        [
-            _quoted(value) if type(value) is str and len(value) > _LONG_TEXT else literal(value)
-            for value in parameters
-        ]
-    )
+def _bind(sql: str, parameters: Sequence[Any]) -> str:
+    """``sql`` with ``parameters`` as literals (``%`` in ``sql`` itself comes
+    doubled from the compiler, so the formatting runs even without any)."""
+    return sql % tuple([_literal(value) for value in parameters])
 
 
 async def _read_result(cursor: Any) -> QueryResult:
@@ -176,7 +219,7 @@ class AsyncmyConnection:
             parameters = tuple(chain.from_iterable(query.parameters for query in queries))
         results: list[QueryResult] = []
         async with self._raw.cursor() as cursor:
-            await cursor.execute(_bind(self._raw, sql, parameters))
+            await cursor.execute(_bind(sql, parameters))
             for _ in lead:
                 await cursor.nextset()
             for index in range(len(queries)):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 
 from ..driver import DdlSpec, DialectAdapter, IsolationLevel, StaleGuard, StorageProfile
 from ..errors import (
@@ -101,10 +102,12 @@ ADAPTER = DialectAdapter(
 )
 
 # Every session runs in UTC and in strict mode: out-of-range or oversize values
-# are errors, never silently truncated.
+# are errors, never silently truncated. utf8mb4 with the server's default
+# collation for it, which is also what a _utf8mb4 literal gets (the backend
+# writes text holding a backslash as one).
 SESSION_SQL = (
-    "SET time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_IN_DATE,"
-    "NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
+    "SET NAMES utf8mb4, autocommit = 1, time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES,"
+    "NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
 )
 
 
@@ -116,6 +119,11 @@ def create_compiler() -> SqlCompiler:
         # DATETIME has no zone: store UTC (the session time zone).
         encoders={datetime: utc_naive, dict: json_param, Json: json_param},
         empty_set="SELECT NULL FROM DUAL WHERE 1=0",
+        # What the backend writes as a literal itself (see asyncmy._literal).
+        scalars=(
+            *(type(None), bool, int, float, Decimal, str, bytes, bytearray, memoryview),
+            *(datetime, date, time, timedelta, dict, Json),
+        ),
     )
 
 

@@ -144,6 +144,11 @@ def create_compiler() -> SqlCompiler:
             Json: json_param,
         },
         empty_set="SELECT NULL WHERE 0",
+        # What sqlite3 binds, and what the encoders above turn into that.
+        scalars=(
+            *(type(None), bool, int, float, str, bytes, bytearray, memoryview),
+            *(Decimal, datetime, date, time, dict, Json),
+        ),
     )
 
 

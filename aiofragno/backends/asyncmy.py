@@ -13,6 +13,7 @@ import functools
 import math
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from itertools import chain
@@ -21,6 +22,7 @@ from typing import Any
 import asyncmy
 import asyncmy.errors
 from asyncmy.constants import CLIENT, FIELD_TYPE
+from asyncmy.constants.SERVER_STATUS import SERVER_STATUS_AUTOCOMMIT, SERVER_STATUS_IN_TRANS
 from asyncmy.converters import escape_date, escape_datetime, escape_time, escape_timedelta
 
 from ..dialects import mysql
@@ -64,6 +66,7 @@ ERRORS = ErrorTable(
 )
 
 _KILL_TIMEOUT = 2.0
+_COM_RESET_CONNECTION = 0x1F  # (asyncmy has no call for it)
 _DATETIME_TYPES = frozenset({FIELD_TYPE.DATETIME, FIELD_TYPE.TIMESTAMP})
 
 
@@ -192,18 +195,25 @@ class AsyncmyConnection:
     CLIENT_MULTI_STATEMENTS and binds values client-side), so a batch costs one
     round trip, and a deferred ``begin`` rides along with the next one."""
 
-    __slots__ = ("_begin", "_kill", "_raw", "server_session")
+    __slots__ = ("_begin", "_kill", "_raw", "_restore", "server_session")
 
-    def __init__(self, raw: Any, kill: Killer, server_session: str) -> None:
+    def __init__(self, raw: Any, kill: Killer, server_session: str, restore: Restore) -> None:
         self._raw = raw
         self._kill = kill
         self.server_session = server_session
+        self._restore = restore
         self._begin: list[str] = []  # statements to send ahead of the next batch
 
     @property
     def is_closed(self) -> bool:
         # connected stays True after the peer closed the socket; the stream knows.
         return not self._raw.connected or bool(self._raw._stream_broken)
+
+    @property
+    def in_transaction(self) -> bool:
+        # (From the status flags of the server's last OK or EOF packet.)
+        status = self._raw.server_status
+        return bool(status & SERVER_STATUS_IN_TRANS or not status & SERVER_STATUS_AUTOCOMMIT)
 
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
         return (await self.execute_batch((query,)))[0]
@@ -230,6 +240,7 @@ class AsyncmyConnection:
                 if stop is not None and stop(index, result):
                     await _drain(cursor)
                     break
+        _keep_status(self._raw)
         return results
 
     async def begin(self, isolation: IsolationLevel | None) -> None:
@@ -274,9 +285,53 @@ class AsyncmyConnection:
                 await self._kill(self._raw.thread_id(), self.server_session)
         return False
 
+    async def reset_session(self) -> bool:
+        self._begin = []
+        # COM_RESET_CONNECTION ends the transaction, drops temporary tables,
+        # user variables and prepared statements, releases every user-level
+        # lock and returns settings to the server's defaults; it keeps the
+        # current database. Then the connection's own session comes back.
+        raw = self._raw
+        await raw._execute_command(_COM_RESET_CONNECTION, b"")
+        await raw._read_ok_packet()
+        async with raw.cursor() as cursor:
+            await cursor.execute(self._restore.sql)
+            while cursor.description is None and await cursor.nextset():
+                pass
+            row = await cursor.fetchone()
+        _keep_status(raw)
+        return bool(row == (1, self._restore.database))
+
     async def close(self) -> None:
         if self._raw.connected:
             self._raw.close()
+
+
+def _keep_status(raw: Any) -> None:
+    """Make the driver's ``server_status`` that of the last result read:
+    asyncmy keeps the last non-zero one, and 0 (autocommit off, no
+    transaction) is news as well."""
+    result = raw._result
+    if result is not None:
+        raw.server_status = result.server_status
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """What brings a reset connection's session back (``sql``: settings,
+    database, session lock; its last statement returns the lock's GET_LOCK
+    and ``DATABASE()``), and the database it must be in."""
+
+    sql: str
+    database: str | None
+
+    @classmethod
+    def of(cls, url: DatabaseURL, session: str) -> Restore:
+        statements = [mysql.SESSION_SQL]
+        if url.database:
+            statements.append("USE `" + url.database.replace("`", "``") + "`")
+        statements.append(f"SELECT GET_LOCK({_text(session)}, 0), DATABASE()")
+        return cls(";\n".join(statements), url.database or None)
 
 
 async def kill_query(url: DatabaseURL, options: Options, thread_id: int, session: str) -> None:
@@ -314,7 +369,7 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         if taken != 1:
             raw.close()
             raise DatabaseError(f"could not take the session lock {session!r} (GET_LOCK: {taken})")
-        return AsyncmyConnection(raw, kill, session)
+        return AsyncmyConnection(raw, kill, session, Restore.of(url, session))
 
     return PooledDialect(
         name="mysql",

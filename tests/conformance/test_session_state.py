@@ -10,14 +10,16 @@ session's sql_mode (MySQL binds values as literals in the statement text).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 import aiofragno as af
+from aiofragno.outbox.tables import OUTBOX
 from tests.conformance.conftest import Tables
-from tests.conformance.namespaces import Namespaces
+from tests.conformance.namespaces import Namespaces, new_namespace
 from tests.conftest import Target
 
 pytestmark = pytest.mark.anyio
@@ -71,6 +73,268 @@ async def labels(db: af.Database, namespace: str) -> list[str]:
 
     result: list[str] = await db.execute_uow(unit, schema=NOTES, namespace=namespace)
     return result
+
+
+BEGIN_STATEMENTS = {
+    "postgresql": ["BEGIN", "START TRANSACTION", "BEGIN ISOLATION LEVEL SERIALIZABLE"],
+    "mysql": ["BEGIN", "START TRANSACTION", "SET autocommit = 0", "SET SESSION autocommit = OFF"],
+    "sqlite": ["BEGIN", "BEGIN IMMEDIATE", "BEGIN EXCLUSIVE"],
+}
+
+
+async def test_a_raw_begin_outside_a_transaction_is_refused_and_later_writes_commit(
+    solo: af.Database, db: af.Database, namespaces: Namespaces
+) -> None:
+    """A raw statement that leaves its connection in a transaction (BEGIN,
+    MySQL's autocommit off) is refused with the transaction rolled back:
+    units and raw writes on that connection afterwards commit for real (a
+    second Database sees them)."""
+    namespace = await migrated(solo, namespaces)
+    for n, statement in enumerate(BEGIN_STATEMENTS[solo.name]):
+        with pytest.raises(af.ProgrammingError, match=r"db\.transaction\(\)"):
+            await solo.execute(af.sql(statement))
+        await create_note(solo, namespace, label=f"unit{n}")
+        physical = solo.layout(NOTES, namespace).table("notes").identifier
+        await solo.execute(
+            af.sql(
+                "UPDATE {t} SET {b} = {v} WHERE {l} = {u}",
+                t=physical,
+                b=af.Identifier("body"),
+                v=statement,
+                l=af.Identifier("label"),
+                u=f"unit{n}",
+            )
+        )
+        assert await labels(db, namespace) == sorted(f"unit{i}" for i in range(n + 1))
+        bodies = await db.fetch(
+            af.sql(
+                "SELECT {b} AS b FROM {t} WHERE {b} IS NOT NULL",
+                t=physical,
+                b=af.Identifier("body"),
+            )
+        )
+        assert len(bodies) == n + 1
+
+
+async def test_autocommit_off_inside_a_transaction_is_not_left_behind(
+    solo: af.Database, db: af.Database, namespaces: Namespaces
+) -> None:
+    """MySQL: ``SET autocommit = 0`` inside ``db.transaction()`` outlives its
+    COMMIT; the next caller's raw writes must still commit."""
+    if solo.name != "mysql":
+        pytest.skip("autocommit is a MySQL session variable")
+    namespace = await migrated(solo, namespaces)
+    async with solo.transaction() as tx:
+        await tx.execute(af.sql("SET autocommit = 0"))
+    await create_note(solo, namespace, label="after")
+    physical = solo.layout(NOTES, namespace).table("notes").identifier
+    body = af.Identifier("body")
+    await solo.execute(af.sql("UPDATE {t} SET {b} = 'raw'", t=physical, b=body))
+    assert await labels(db, namespace) == ["after"]
+    assert await db.fetch_value(af.sql("SELECT {b} FROM {t}", t=physical, b=body)) == "raw"
+
+
+# Per dialect: (statement changing the session, probe reading the state back).
+# The probe's value before the change is what the next caller must see.
+SETTINGS = {
+    "postgresql": [
+        ("SET search_path = pg_catalog", "SELECT current_setting('search_path')"),
+        ("SET TimeZone = 'Asia/Tokyo'", "SELECT current_setting('TimeZone')"),
+        (
+            "SELECT set_config('TimeZone', 'America/Lima', false)",
+            "SELECT current_setting('TimeZone')",
+        ),
+        ("SET statement_timeout = '1ms'", "SELECT current_setting('statement_timeout')"),
+        ("SET application_name = 'someone'", "SELECT current_setting('application_name')"),
+        (
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "SELECT current_setting('default_transaction_isolation')",
+        ),
+        ("SET ROLE pg_read_all_data", "SELECT current_user"),
+        (
+            "CREATE TEMP TABLE stray (a int)",
+            "SELECT count(*) FROM pg_tables WHERE tablename = 'stray'",
+        ),
+        ("PREPARE stray AS SELECT 1", "SELECT count(*) FROM pg_prepared_statements WHERE from_sql"),
+        ("LISTEN stray", "SELECT count(*) FROM pg_listening_channels()"),
+        ("DECLARE stray CURSOR WITH HOLD FOR SELECT 1", "SELECT count(*) FROM pg_cursors"),
+    ],
+    "mysql": [
+        ("SET sql_mode = ''", "SELECT @@SESSION.sql_mode"),
+        ("SET SESSION sql_mode = 'NO_BACKSLASH_ESCAPES'", "SELECT @@SESSION.sql_mode"),
+        ("SET NAMES latin1", "SELECT @@SESSION.character_set_client"),
+        ("SET time_zone = '+05:00'", "SELECT @@SESSION.time_zone"),
+        ("SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE", "SELECT @@SESSION.tx_isolation"),
+        ("USE information_schema", "SELECT DATABASE()"),
+        ("SET @stray = 1", "SELECT @stray"),
+        ("SELECT @stray := 2", "SELECT @stray"),
+        ("SELECT 3 INTO @stray", "SELECT @stray"),
+        ("CREATE TEMPORARY TABLE stray (a int)", "SELECT COUNT(*) FROM stray"),
+    ],
+    "sqlite": [
+        ("PRAGMA foreign_keys = OFF", "SELECT foreign_keys FROM pragma_foreign_keys"),
+        ("PRAGMA ignore_check_constraints = ON", "SELECT * FROM pragma_ignore_check_constraints"),
+        ("PRAGMA case_sensitive_like = OFF", "SELECT 'a' LIKE 'A'"),
+        ("PRAGMA query_only = ON", "SELECT * FROM pragma_query_only"),
+        ("CREATE TEMP TABLE stray (a int)", "SELECT COUNT(*) FROM temp.sqlite_master"),
+        (
+            "ATTACH ':memory:' AS stray",
+            "SELECT COUNT(*) FROM pragma_database_list WHERE name = 'stray'",
+        ),
+    ],
+}
+# SQLite ignores these inside a transaction (or refuses them there).
+OUTSIDE_ONLY = {"PRAGMA foreign_keys = OFF", "ATTACH ':memory:' AS stray"}
+# These take effect when the transaction commits.
+AT_COMMIT = {"LISTEN stray"}
+
+
+# The server's id of the connection, where it has one: a reset keeps it.
+CONNECTION_ID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
+
+
+async def probe(db: af.Database, sql: str) -> Any:
+    try:
+        return await db.fetch_value(af.sql(sql))
+    except af.ProgrammingError as exc:  # e.g. the temporary table is gone
+        return type(exc).__name__
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["alone", "in-transaction"])
+async def test_session_settings_do_not_outlive_their_connection_use(
+    solo: af.Database, inside: bool
+) -> None:
+    """A session change made by raw SQL lasts as long as the caller holds
+    the connection — one statement, or one ``db.transaction()`` — and the
+    next caller finds the session as it was after connect."""
+    connection_id = CONNECTION_ID.get(solo.name, "SELECT NULL")
+    first = await solo.fetch_value(af.sql(connection_id))
+    for change, read in SETTINGS[solo.name]:
+        if inside and change in OUTSIDE_ONLY:
+            continue
+        before = await probe(solo, read)
+        if inside:
+            async with solo.transaction() as tx:
+                await tx.execute(af.sql(change))
+                if change not in AT_COMMIT:
+                    assert await tx.fetch_value(af.sql(read)) != before, change
+        else:
+            await solo.execute(af.sql(change))
+        assert await probe(solo, read) == before, change
+    assert await solo.fetch_value(af.sql(connection_id)) == first  # reset, not replaced
+    assert solo.stats.session_resets >= len(SETTINGS[solo.name]) - len(OUTSIDE_ONLY)
+
+
+async def test_plain_statements_and_units_do_not_reset_the_session(
+    solo: af.Database, namespaces: Namespaces
+) -> None:
+    """The common path costs no reset: units, and raw reads and writes (also
+    in a transaction with savepoints), leave the connection as it is."""
+    namespace = await migrated(solo, namespaces)
+    resets = solo.stats.session_resets
+    physical = solo.layout(NOTES, namespace).table("notes").identifier
+    label = af.Identifier("label")
+    await create_note(solo, namespace, label="a")
+    assert await labels(solo, namespace) == ["a"]
+    await solo.fetch(af.sql("SELECT * FROM {t} WHERE {l} IN {v}", t=physical, l=label, v=["a"]))
+    await solo.execute(af.sql("UPDATE {t} SET {l} = {v}", t=physical, l=label, v="b"))
+    async with solo.transaction() as tx:
+        if solo.name == "postgresql":  # (ends with the transaction)
+            await tx.execute(af.sql("SET LOCAL statement_timeout = '5s'"))
+        await tx.fetch(af.sql("SELECT COUNT(*) FROM {t}", t=physical))
+        async with tx.transaction():
+            await tx.execute(af.sql("DELETE FROM {t}", t=physical))
+    await solo.now()
+    assert solo.stats.session_resets == resets
+
+
+async def test_session_locks_are_released_and_the_server_session_kept(
+    solo: af.Database, db: af.Database
+) -> None:
+    """A session-level lock taken by raw SQL is released when the connection
+    goes back to the pool; on MySQL the lock naming the server session (see
+    ``server_session``) is held again, so ``end_session`` still finds it."""
+    key = uuid.uuid4().int % 2**31
+    if solo.name == "sqlite":
+        pytest.skip("SQLite has no session-level locks")
+    if solo.name == "postgresql":
+        take = af.sql("SELECT pg_advisory_lock({k})", k=key)
+        free = af.sql("SELECT pg_try_advisory_xact_lock({k})", k=key)
+    else:
+        name = f"stray-{key}"
+        take = af.sql("SELECT GET_LOCK({n}, 0)", n=name)
+        free = af.sql("SELECT IS_FREE_LOCK({n})", n=name)
+    await solo.fetch_value(take)
+    async with db.transaction() as tx:
+        assert await tx.fetch_value(free) in (True, 1)
+    if solo.name == "mysql":
+        session = await solo.checkout()
+        try:
+            server_session = session.connection.server_session
+            thread = await session.execute(solo.compile(af.sql("SELECT CONNECTION_ID()")))
+        finally:
+            await solo.checkin(session)
+        holder = await db.fetch_value(af.sql("SELECT IS_USED_LOCK({s})", s=server_session))
+        assert holder == next(iter(thread.rows[0].values()))
+
+
+async def test_a_search_path_change_does_not_send_outbox_entries_elsewhere(
+    url: str, target: Target, db: af.Database
+) -> None:
+    """PostgreSQL: the outbox tables are found through the session's
+    search_path; a raw ``SET search_path`` must not send the next unit's
+    entry into another schema's outbox."""
+    if db.name != "postgresql":
+        pytest.skip("search_path is PostgreSQL's")
+    home, other = f"sp{uuid.uuid4().hex[:8]}", f"sp{uuid.uuid4().hex[:8]}"
+    namespace = new_namespace()
+    schemas = [home, other, *db.layout(NOTES, namespace).db_schemas]
+    for name in (home, other):
+        await db.execute(af.sql("CREATE SCHEMA {s}", s=af.Identifier(name)))
+    try:
+        options = {"backend": target.backend, "pool_size": 1, "outbox": True}
+        async with af.connect(url, search_path=other, **options) as elsewhere:
+            await elsewhere.migrate(NOTES, namespace=namespace)
+        async with af.connect(url, search_path=home, **options) as solo:
+            await solo.migrate(NOTES, namespace=namespace)
+            for way in ("alone", "in-transaction"):
+                change = af.sql("SET search_path = {s}", s=af.Identifier(other))
+                if way == "alone":
+                    await solo.execute(change)
+                else:
+                    async with solo.transaction() as tx:
+                        await tx.execute(change)
+                await create_note(solo, namespace, label=way)
+        for name, expected in ((home, 2), (other, 0)):
+            count = af.sql("SELECT COUNT(*) FROM {t}", t=af.Identifier(name, OUTBOX))
+            assert await db.fetch_value(count) == expected, name
+    finally:
+        for name in schemas:
+            await db.execute(af.sql("DROP SCHEMA IF EXISTS {s} CASCADE", s=af.Identifier(name)))
+
+
+async def test_mysql_strict_mode_and_charset_hold_for_the_next_caller(
+    solo: af.Database, tables: Tables
+) -> None:
+    """MySQL: after ``SET sql_mode = ''`` or ``SET NAMES latin1`` by raw SQL,
+    the next caller still gets strict mode (an oversize value is an error,
+    not truncated) and utf8mb4 (multi-byte text stored exactly)."""
+    if solo.name != "mysql":
+        pytest.skip("sql_mode and SET NAMES are MySQL's")
+    table = tables.new()
+    await solo.execute(
+        af.sql(
+            "CREATE TABLE {t} (v varchar(3)) DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin", t=table
+        )
+    )
+    for change in ("SET sql_mode = ''", "SET NAMES latin1"):
+        await solo.execute(af.sql(change))
+        with pytest.raises(af.DataError):
+            await solo.execute(af.sql("INSERT INTO {t} VALUES ({v})", t=table, v="toolong"))
+        await solo.execute(af.sql("INSERT INTO {t} VALUES ({v})", t=table, v="é€😀"))
+        stored = await solo.fetch(af.sql("SELECT v FROM {t}", t=table))
+        assert [row["v"] for row in stored] == ["é€😀"], change
+        await solo.execute(af.sql("DELETE FROM {t}", t=table))
 
 
 # --- values: stored exactly, never run as SQL ---------------------------------

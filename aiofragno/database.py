@@ -23,6 +23,7 @@ from .errors import (
     DatabaseClosed,
     DatabaseUnavailable,
     Error,
+    ProgrammingError,
     QueryCanceled,
     ValidationError,
 )
@@ -311,9 +312,23 @@ class Database(Queries):
         return await self._execute(compiled)
 
     async def _execute(self, compiled: CompiledQuery) -> QueryResult:
+        """``compiled`` on a connection of its own, outside any transaction.
+        A statement that may change the session (see
+        :attr:`DialectAdapter.session_changes`) gets its connection reset
+        before reuse; one that leaves a transaction open is refused."""
         session = await self.checkout()
         try:
-            return await session.execute(compiled)
+            session.dirty = self.adapter.session_changes(compiled.sql)
+            result = await session.execute(compiled)
+            if session.connection.in_transaction:
+                session.dirty = True
+                raise ProgrammingError(
+                    f"{compiled.sql[:60]!r} left its connection in a transaction, which would "
+                    "have outlived the statement (BEGIN, START TRANSACTION or autocommit off "
+                    "outside db.transaction()); it has been rolled back. Run statements "
+                    "that belong together in `async with db.transaction() as tx:`"
+                )
+            return result
         finally:
             await self.checkin(session)
 
@@ -339,20 +354,33 @@ class Database(Queries):
 
     async def checkin(self, session: Session) -> None:
         """Return ``session``'s connection: reset it if an operation was
-        interrupted, discard it if it broke."""
-        if not (session.broken or session.interrupted or session.in_transaction):
+        interrupted, restore its session if that may have changed or the
+        server still has a transaction open on it, discard it if it broke
+        (or a reset failed). So the next caller gets the session as it was
+        after connect."""
+        connection = session.connection
+        if not (
+            session.broken
+            or session.interrupted
+            or session.in_transaction
+            or session.dirty
+            or connection.in_transaction
+        ):
             # Clean: going back to the idle list awaits nothing that could be
             # cancelled, so no shielded scope is needed.
-            await self._driver.release_connection(session.connection)
+            await self._driver.release_connection(connection)
             return
         with runtime.shielded(CLEANUP_TIMEOUT):
             discard = session.broken
-            if not discard and (session.interrupted or session.in_transaction):
-                try:
-                    discard = not await session.connection.reset()
-                except Exception:
-                    discard = True
-            await self._driver.release_connection(session.connection, discard=discard)
+            try:
+                if not discard and (session.interrupted or session.in_transaction):
+                    discard = not await connection.reset()
+                if not discard and (session.dirty or connection.in_transaction):
+                    self.stats.session_resets += 1
+                    discard = not await connection.reset_session()
+            except Exception:
+                discard = True
+            await self._driver.release_connection(connection, discard=discard)
 
     async def open(self) -> None:
         """Open the first connection, so a bad URL or a dead server fails now."""

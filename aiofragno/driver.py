@@ -191,6 +191,13 @@ class DialectAdapter:
     abort_sql: str | None
     storage: StorageProfile
     ddl: DdlSpec
+    # True for a raw statement's text that may leave state in its session
+    # beyond the statement — settings, session locks, temporary objects, user
+    # variables: a connection that ran one is restored
+    # (:meth:`Connection.reset_session`) before it is reused. Conservative:
+    # anything but a plain read, write or schema change, or one calling what
+    # changes the session (:class:`aiofragno.dialects.common.SessionChanges`).
+    session_changes: Callable[[str], bool]
     # Ending a server session whose connection broke (see
     # :attr:`Connection.server_session`). ``session_process_sql`` takes
     # ``{session}`` and returns one row, column ``process``, while that
@@ -309,10 +316,27 @@ class Connection(Protocol):
         """One cheap round trip; raises if the connection is dead."""
         ...
 
+    @property
+    def in_transaction(self) -> bool:
+        """True while the server holds a transaction open on this connection,
+        or (MySQL with autocommit off) will open one with the next statement
+        — as the server last reported it, without I/O; never raises (False
+        once closed). A deferred ``begin`` not yet sent does not count."""
+        ...
+
     async def reset(self) -> bool:
         """Bring the connection back to idle (no open transaction) after an
         interrupted operation (a cancelled query). False means it cannot be
         trusted any more and the caller discards it."""
+        ...
+
+    async def reset_session(self) -> bool:
+        """Bring the session back to the state it had when the connection
+        was opened: no transaction, the connection's own settings, no
+        session-level locks but the one naming :attr:`server_session`, no
+        temporary objects, user variables or listeners. Costs a round trip
+        (or two); called only for a connection that may have changed them.
+        False means it could not, and the caller discards the connection."""
         ...
 
     async def close(self) -> None:

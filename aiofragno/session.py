@@ -2,7 +2,8 @@
 
 The Session is the one place where driver exceptions become aiofragno errors
 and where we remember what happened to a connection (broken, interrupted, in a
-transaction), so that it is discarded or reset — never returned dirty.
+transaction, its session changed by raw SQL), so that it is discarded or reset
+— never returned dirty.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Session:
     __slots__ = (
         "broken",
         "connection",
+        "dirty",
         "driver",
         "in_transaction",
         "interrupted",
@@ -64,6 +66,7 @@ class Session:
         self.broken = False  # lost: discard on release
         self.interrupted = False  # cancelled mid-operation: reset or discard
         self.in_transaction = False
+        self.dirty = False  # raw SQL may have changed the session: reset it
         self.savepoints = 0
 
     def fail(self, exc: Exception) -> Exception:
@@ -244,6 +247,8 @@ class Transaction(Queries):
                     "went back to the pool; run the query on the Database, or in a new "
                     "db.transaction()"
                 )
+            if self.db.adapter.session_changes(compiled.sql):
+                self.session.dirty = True  # reset when the transaction ends
             return await self.session.execute(compiled)
 
     async def _finish(self, end: Callable[[], Awaitable[Any]]) -> None:

@@ -228,7 +228,10 @@ class SqlCompiler:
     ``encoders``: per Python type, how a value is turned into what the driver
     binds (e.g. Decimal -> text on SQLite);
     ``array_in``: lists after IN travel as one array parameter;
-    ``empty_set``: a subquery yielding no rows, for ``IN`` with an empty list.
+    ``empty_set``: a subquery yielding no rows, for ``IN`` with an empty list;
+    ``scalars``: the types (subclasses included) a value may have, checked
+    when compiling; None where the driver checks values against the
+    statement itself (PostgreSQL, which also binds lists as arrays).
     """
 
     def __init__(
@@ -240,6 +243,7 @@ class SqlCompiler:
         encoders: Mapping[type, Encoder],
         array_in: bool = False,
         empty_set: str = "SELECT NULL WHERE 1=0",
+        scalars: tuple[type, ...] | None = None,
     ) -> None:
         self._numbered = placeholder == "$n"
         self._placeholder = placeholder
@@ -250,6 +254,7 @@ class SqlCompiler:
         self._encoders = dict(encoders)
         self._array_in = array_in
         self._empty_set = empty_set
+        self._scalars = scalars
         self._quoted: dict[str, str] = {}
 
     def compile(self, node: Any) -> CompiledQuery:
@@ -264,9 +269,14 @@ class SqlCompiler:
         return CompiledQuery("".join(out), tuple(params))
 
     def encode(self, value: Any) -> Any:
-        """``value`` as the driver should bind it."""
+        """``value`` as the driver should bind it; a :class:`ValidationError`
+        for a value of a type this database cannot bind as one value."""
         encoder = self._encoders.get(type(value))
-        return value if encoder is None else encoder(value)
+        if encoder is not None:
+            return encoder(value)
+        if self._scalars is not None and not isinstance(value, self._scalars):
+            raise _not_one_value(value, self._scalars)
+        return value
 
     def quote_identifier(self, name: str) -> str:
         quoted = self._quoted.get(name)
@@ -347,3 +357,17 @@ class SqlCompiler:
             params.append(value)
             out.append(("" if i == 0 else ", ") + self._placeholder_for(params))
         out.append(")")
+
+
+def _not_one_value(value: Any, scalars: tuple[type, ...]) -> ValidationError:
+    kind = type(value).__name__
+    if isinstance(value, _LIST_TYPES):
+        return ValidationError(
+            f"a {kind} is a list of values only right after IN or NOT IN (write "
+            "`column IN {name}`, without parentheses); this database has no array values"
+        )
+    names = ", ".join("None" if t is type(None) else t.__name__ for t in scalars)
+    return ValidationError(
+        f"cannot bind a {kind} value here; this database takes {names}: convert it "
+        "(for example str(value)) before passing it"
+    )

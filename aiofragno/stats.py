@@ -23,6 +23,9 @@ class Stats:
     """Ambiguous COMMITs resolved through the outbox."""
     reconnect_waits: int = 0
     """Times new work waited for an unreachable server."""
+    session_resets: int = 0
+    """Connections whose session was reset before reuse (raw SQL may have
+    changed it, or left a transaction open)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

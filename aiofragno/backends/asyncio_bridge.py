@@ -314,6 +314,12 @@ class BridgedConnection:
     def server_session(self) -> str | None:
         return self.raw.server_session
 
+    @property
+    def in_transaction(self) -> bool:
+        # (An attribute of the connection, read without a hop: no call of
+        # the loop uses the connection while its pool user awaits nothing.)
+        return self.raw.in_transaction
+
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
         if self._begin is None:
             return await self._bridge.run(partial(self.raw.execute_query, query))
@@ -363,6 +369,10 @@ class BridgedConnection:
     async def reset(self) -> bool:
         self._begin = None
         return await self._bridge.run(self.raw.reset)
+
+    async def reset_session(self) -> bool:
+        self._begin = None
+        return await self._bridge.run(self.raw.reset_session)
 
     async def close(self) -> None:
         if not self._closed:

@@ -10,15 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any
 
 import asyncmy
 import asyncmy.errors
 from asyncmy.constants import CLIENT, FIELD_TYPE
-from asyncmy.constants.SERVER_STATUS import SERVER_STATUS_NO_BACKSLASH_ESCAPES
+from asyncmy.constants.SERVER_STATUS import SERVER_STATUS_AUTOCOMMIT, SERVER_STATUS_IN_TRANS
+from asyncmy.converters import escape_date, escape_datetime, escape_time, escape_timedelta
 
 from ..dialects import mysql
 from ..driver import (
@@ -40,6 +44,7 @@ from ..errors import (
     IntegrityError,
     ProgrammingError,
     QueryCanceled,
+    ValidationError,
 )
 from ..pool import PooledDialect
 from ..url import DatabaseURL, Options
@@ -60,6 +65,7 @@ ERRORS = ErrorTable(
 )
 
 _KILL_TIMEOUT = 2.0
+_COM_RESET_CONNECTION = 0x1F  # (asyncmy has no call for it)
 _DATETIME_TYPES = frozenset({FIELD_TYPE.DATETIME, FIELD_TYPE.TIMESTAMP})
 
 
@@ -86,44 +92,84 @@ def _utc_rows(description: Any, tuples: list[tuple[Any, ...]]) -> list[tuple[Any
 
 Killer = Callable[[int, str], Awaitable[None]]
 
-# What a MySQL string literal escapes with backslashes (the backslash first, so
-# that the ones added later are not doubled).
-_ESCAPES = (
-    ("\\", "\\\\"),
-    ("\0", "\\0"),
-    ("\n", "\\n"),
-    ("\r", "\\r"),
-    ("\x1a", "\\Z"),
-    ("'", "\\'"),
-    ('"', '\\"'),
+# Values are written into the statement text (MySQL's text protocol has no
+# parameters) by the functions below, never by the driver's escaping: each
+# literal reads as the same value whatever the session's sql_mode
+# (NO_BACKSLASH_ESCAPES or not), and none can end early under any character
+# set — so a session changed by raw SQL, or a statement earlier in the same
+# text, cannot make a value run as SQL. The compiler lets only these types
+# through (``scalars`` in the dialect); the driver escapes nothing of ours.
+
+
+def _text(value: str) -> str:
+    # A doubled quote is one quote in either backslash mode. A backslash has
+    # no spelling that both modes read alike, so text holding one goes as the
+    # hex of its UTF-8, which nothing reinterprets (same charset and
+    # collation as a plain literal: the session runs SET NAMES utf8mb4).
+    if "\\" in value:
+        return "_utf8mb4 X'" + value.encode().hex() + "'"
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _binary(value: bytes | bytearray | memoryview) -> str:
+    return "X'" + bytes(value).hex() + "'"
+
+
+def _float(value: float) -> str:
+    if not math.isfinite(value):
+        raise ValidationError(f"MySQL has no {value!r}; store a finite number or NULL")
+    text = float.__repr__(value)
+    return text if "e" in text else text + "e0"  # a DOUBLE, not an exact DECIMAL
+
+
+def _decimal(value: Decimal) -> str:
+    if not value.is_finite():
+        raise ValidationError(f"MySQL has no Decimal {value}; store a finite number or NULL")
+    return format(value, "f")
+
+
+_LITERALS: dict[type, Callable[[Any], str]] = {
+    str: _text,
+    int: int.__repr__,
+    bool: lambda value: "1" if value else "0",
+    type(None): lambda value: "NULL",
+    float: _float,
+    Decimal: _decimal,
+    bytes: _binary,
+    bytearray: _binary,
+    memoryview: _binary,
+    datetime: escape_datetime,
+    date: escape_date,
+    time: escape_time,
+    timedelta: escape_timedelta,
+}
+# For subclasses (an IntEnum, a StrEnum): the base's literal of the value it
+# holds, whatever the subclass overrides. datetime before date.
+_BASES: tuple[tuple[type, Callable[[Any], str]], ...] = (
+    (str, lambda value: _text(str.__str__(value))),
+    (int, int.__repr__),
+    (float, lambda value: _float(float(value))),
+    *((base, _LITERALS[base]) for base in (Decimal, bytes, bytearray, datetime, date, time)),
+    (timedelta, escape_timedelta),
 )
-# Longer strings are escaped here: asyncmy escapes a string with a special
-# character (every JSON text has quotes) one character at a time, ~23 us for
-# an outbox payload against ~2 us for these scans; shorter ones are cheaper
-# through asyncmy, which passes clean strings through unchanged.
-_LONG_TEXT = 64
 
 
-def _quoted(text: str) -> str:
-    for char, escaped in _ESCAPES:
-        if char in text:
-            text = text.replace(char, escaped)
-    return "'" + text + "'"
+def _literal(value: Any) -> str:
+    write = _LITERALS.get(type(value))
+    if write is None:
+        write = next((w for base, w in _BASES if isinstance(value, base)), None)
+        if write is None:
+            raise ValidationError(
+                f"cannot bind a {type(value).__name__} value on MySQL; convert it "
+                "(for example str(value)) before passing it"
+            )
+    return write(value)
 
 
-def _bind(raw: Any, sql: str, parameters: Sequence[Any]) -> str:
-    """``sql`` with ``parameters`` as literals: asyncmy binds client-side too
-    (MySQL's text protocol has no parameters), here with a faster path for
-    long strings."""
-    literal = raw.literal
-    if raw.server_status & SERVER_STATUS_NO_BACKSLASH_ESCAPES:
-        return sql % tuple([literal(value) for value in parameters])
-    return sql % tuple(
-        [
-            _quoted(value) if type(value) is str and len(value) > _LONG_TEXT else literal(value)
-            for value in parameters
-        ]
-    )
+def _bind(sql: str, parameters: Sequence[Any]) -> str:
+    """``sql`` with ``parameters`` as literals (``%`` in ``sql`` itself comes
+    doubled from the compiler, so the formatting runs even without any)."""
+    return sql % tuple([_literal(value) for value in parameters])
 
 
 # How much SQL text one round trip carries at most (in characters, up to 4
@@ -169,18 +215,25 @@ class AsyncmyConnection:
     CLIENT_MULTI_STATEMENTS and binds values client-side), so a batch costs one
     round trip, and a deferred ``begin`` rides along with the next one."""
 
-    __slots__ = ("_begin", "_kill", "_raw", "server_session")
+    __slots__ = ("_begin", "_kill", "_raw", "_restore", "server_session")
 
-    def __init__(self, raw: Any, kill: Killer, server_session: str) -> None:
+    def __init__(self, raw: Any, kill: Killer, server_session: str, restore: Restore) -> None:
         self._raw = raw
         self._kill = kill
         self.server_session = server_session
+        self._restore = restore
         self._begin: list[str] = []  # statements to send ahead of the next batch
 
     @property
     def is_closed(self) -> bool:
         # connected stays True after the peer closed the socket; the stream knows.
         return not self._raw.connected or bool(self._raw._stream_broken)
+
+    @property
+    def in_transaction(self) -> bool:
+        # (From the status flags of the server's last OK or EOF packet.)
+        status = self._raw.server_status
+        return bool(status & SERVER_STATUS_IN_TRANS or not status & SERVER_STATUS_AUTOCOMMIT)
 
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
         return (await self.execute_batch((query,)))[0]
@@ -190,9 +243,9 @@ class AsyncmyConnection:
     ) -> list[QueryResult]:
         lead, self._begin = self._begin, []
         if len(queries) == 1 and not lead:
-            texts = [_bind(self._raw, *queries[0])]
+            texts = [_bind(*queries[0])]
         else:
-            texts = [*lead, *(_bind(self._raw, *query) for query in queries)]
+            texts = [*lead, *(_bind(*query) for query in queries)]
         results: list[QueryResult] = []
         skip = len(lead)  # (the lead's own results are not asked for)
         for piece in _pieces(texts):
@@ -208,7 +261,9 @@ class AsyncmyConnection:
                     results.append(result)
                     if stop is not None and stop(len(results) - 1, result):
                         await _drain(cursor)
+                        _keep_status(self._raw)
                         return results
+            _keep_status(self._raw)
         return results
 
     async def begin(self, isolation: IsolationLevel | None) -> None:
@@ -253,9 +308,53 @@ class AsyncmyConnection:
                 await self._kill(self._raw.thread_id(), self.server_session)
         return False
 
+    async def reset_session(self) -> bool:
+        self._begin = []
+        # COM_RESET_CONNECTION ends the transaction, drops temporary tables,
+        # user variables and prepared statements, releases every user-level
+        # lock and returns settings to the server's defaults; it keeps the
+        # current database. Then the connection's own session comes back.
+        raw = self._raw
+        await raw._execute_command(_COM_RESET_CONNECTION, b"")
+        await raw._read_ok_packet()
+        async with raw.cursor() as cursor:
+            await cursor.execute(self._restore.sql)
+            while cursor.description is None and await cursor.nextset():
+                pass
+            row = await cursor.fetchone()
+        _keep_status(raw)
+        return bool(row == (1, self._restore.database))
+
     async def close(self) -> None:
         if self._raw.connected:
             self._raw.close()
+
+
+def _keep_status(raw: Any) -> None:
+    """Make the driver's ``server_status`` that of the last result read:
+    asyncmy keeps the last non-zero one, and 0 (autocommit off, no
+    transaction) is news as well."""
+    result = raw._result
+    if result is not None:
+        raw.server_status = result.server_status
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """What brings a reset connection's session back (``sql``: settings,
+    database, session lock; its last statement returns the lock's GET_LOCK
+    and ``DATABASE()``), and the database it must be in."""
+
+    sql: str
+    database: str | None
+
+    @classmethod
+    def of(cls, url: DatabaseURL, session: str) -> Restore:
+        statements = [mysql.SESSION_SQL]
+        if url.database:
+            statements.append("USE `" + url.database.replace("`", "``") + "`")
+        statements.append(f"SELECT GET_LOCK({_text(session)}, 0), DATABASE()")
+        return cls(";\n".join(statements), url.database or None)
 
 
 async def kill_query(url: DatabaseURL, options: Options, thread_id: int, session: str) -> None:
@@ -293,7 +392,7 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         if taken != 1:
             raw.close()
             raise DatabaseError(f"could not take the session lock {session!r} (GET_LOCK: {taken})")
-        return AsyncmyConnection(raw, kill, session)
+        return AsyncmyConnection(raw, kill, session, Restore.of(url, session))
 
     return PooledDialect(
         name="mysql",

@@ -59,6 +59,20 @@ def translate(exc: BaseException) -> Exception:
     return ERRORS.translate(exc, getattr(exc, "sqlstate", None))
 
 
+# What a session can hold beyond its settings at connect, dropped in one round
+# trip (one simple-query text). Like DISCARD ALL, except that the prepared
+# statements kept are asyncpg's own cache (DISCARD ALL would drop them under
+# its feet): only those made by SQL PREPARE go. RESET ALL returns settings to
+# their session defaults, which include those sent at connect (TimeZone,
+# search_path, application_name).
+_RESET_SESSION = (
+    "CLOSE ALL; UNLISTEN *; SELECT pg_advisory_unlock_all(); "
+    "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL; DISCARD TEMP; DISCARD SEQUENCES; "
+    "DO $$DECLARE s text; BEGIN FOR s IN SELECT name FROM pg_prepared_statements "
+    "WHERE from_sql LOOP EXECUTE 'DEALLOCATE ' || quote_ident(s); END LOOP; END$$"
+)
+
+
 def _rows_affected(status: bytes, returned: int) -> int:
     # b"UPDATE 3", b"INSERT 0 1", b"SELECT 2"; commands without a count: rows returned.
     tail = status.rpartition(b" ")[2]
@@ -76,6 +90,13 @@ class AsyncpgConnection:
     @property
     def is_closed(self) -> bool:
         return self._raw.is_closed()
+
+    @property
+    def in_transaction(self) -> bool:
+        # (From the transaction status of the server's last ReadyForQuery; a
+        # terminated connection has no protocol left to ask.)
+        raw = self._raw
+        return not raw.is_closed() and raw.is_in_transaction()
 
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
         # asyncpg's public API returns either the rows (fetch) or the status
@@ -117,6 +138,11 @@ class AsyncpgConnection:
         # After a cancelled query asyncpg may still be cancelling it server-side;
         # a fresh connection is cheaper to trust than that state.
         return False
+
+    async def reset_session(self) -> bool:
+        rollback = "ROLLBACK; " if self._raw.is_in_transaction() else ""
+        await self._raw.execute(rollback + _RESET_SESSION, timeout=self._timeout)
+        return True
 
     async def close(self) -> None:
         if self._raw.is_closed():

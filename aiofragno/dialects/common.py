@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,3 +28,58 @@ def isolation_sql(isolation: IsolationLevel) -> str:
     if isolation not in ISOLATION_LEVELS:
         raise ValidationError(f"unknown isolation level {isolation!r}")
     return isolation.upper()
+
+
+# Statements that only read, write or change the schema, by their first word
+# (``rollback to`` a savepoint ends nothing but the savepoint).
+PLAIN_STATEMENTS = (
+    "select|insert|update|delete|with|values|explain|create|drop|alter|truncate"
+    "|grant|revoke|analyze|savepoint|release|rollback\\s+to"
+)
+# CREATE / DROP of a temporary object: "temp" starting a word before any "("
+# (so also a table named "tempdata": a needless reset, never a missed one).
+TEMPORARY_OBJECTS = r"\A\s*(?:create|drop)\b[^(;]*?\btemp"
+
+
+class SessionChanges:
+    """:attr:`DialectAdapter.session_changes
+    <aiofragno.driver.DialectAdapter.session_changes>` for one dialect: called
+    with a statement's text, True when its first word is not one of
+    :data:`PLAIN_STATEMENTS` or ``plain`` (alternations of lower-case
+    keywords; a leading comment counts as another word), or when it
+    contains one of ``markers`` (lower-case patterns of functions and
+    clauses that change the session from inside a plain statement) or
+    creates or drops a temporary object.
+
+    A dictionary look-up for a short text seen before (raw statements
+    repeat), a couple of microseconds for a new one: the text is lowered
+    once, and each marker is a pattern of its own starting with literal
+    text, which the regex engine finds with a fast scan (one alternation of
+    them all takes ten times as long)."""
+
+    __slots__ = ("_known", "_markers", "_plain")
+
+    # (Bounds the memory the remembered texts take: 4096 of up to 2,000 characters.)
+    _MAX_KNOWN = 4096
+    _MAX_KNOWN_LENGTH = 2000
+
+    def __init__(self, plain: str, markers: tuple[str, ...] = ()) -> None:
+        self._plain = re.compile(rf"\s*(?:{PLAIN_STATEMENTS}|{plain})\b")
+        self._markers = tuple(re.compile(m) for m in (TEMPORARY_OBJECTS, *markers))
+        self._known: dict[str, bool] = {}
+
+    def __call__(self, sql: str) -> bool:
+        if len(sql) > self._MAX_KNOWN_LENGTH:
+            return self._classify(sql)
+        known = self._known.get(sql)
+        if known is None:
+            if len(self._known) >= self._MAX_KNOWN:
+                self._known.clear()
+            known = self._known[sql] = self._classify(sql)
+        return known
+
+    def _classify(self, sql: str) -> bool:
+        text = sql.lower()
+        if self._plain.match(text) is None:
+            return True
+        return any(marker.search(text) is not None for marker in self._markers)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 
 from ..driver import DdlSpec, DialectAdapter, IsolationLevel, StaleGuard, StorageProfile
 from ..errors import (
@@ -21,7 +22,7 @@ from ..errors import (
     UniqueViolation,
 )
 from ..sql import Json, SqlCompiler
-from .common import isolation_sql, json_param, utc_naive
+from .common import SessionChanges, isolation_sql, json_param, utc_naive
 
 SESSION_LOCK_SQL = "SELECT GET_LOCK(%s, 0)"
 # The id of the connection holding a session lock; NULL once that one is gone.
@@ -58,6 +59,12 @@ ADAPTER = DialectAdapter(
     rows_array_sql=None,  # (the driver sends a batch in one round trip)
     abort_sql=None,
     storage=StorageProfile(timestamp="utc-naive", string_max_chars=255, decimal_digits=(35, 30)),
+    session_changes=SessionChanges(
+        "replace|table|show|describe|desc|rename|optimize|check|checksum|kill",
+        # User-level locks, user variables (:= and SELECT INTO @), executable
+        # comments, and a second statement in the same text.
+        ("get_lock", ":=", r"into\s+@", r"/\*m?!", r";\s*\S"),
+    ),
     # A session is named by a user-level lock it takes at connect
     # (SESSION_LOCK_SQL) and holds until it ends: connection ids are reused
     # after a server restart.
@@ -107,10 +114,13 @@ ADAPTER = DialectAdapter(
 )
 
 # Every session runs in UTC and in strict mode: out-of-range or oversize values
-# are errors, never silently truncated.
+# are errors, never silently truncated. utf8mb4 with the server's default
+# collation for it, which is also what a _utf8mb4 literal gets (the backend
+# writes text holding a backslash as one). A connection whose session may have
+# changed runs this again after its reset (Connection.reset_session).
 SESSION_SQL = (
-    "SET time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_IN_DATE,"
-    "NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
+    "SET NAMES utf8mb4, autocommit = 1, time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES,"
+    "NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
 )
 
 
@@ -122,6 +132,11 @@ def create_compiler() -> SqlCompiler:
         # DATETIME has no zone: store UTC (the session time zone).
         encoders={datetime: utc_naive, dict: json_param, Json: json_param},
         empty_set="SELECT NULL FROM DUAL WHERE 1=0",
+        # What the backend writes as a literal itself (see asyncmy._literal).
+        scalars=(
+            *(type(None), bool, int, float, Decimal, str, bytes, bytearray, memoryview),
+            *(datetime, date, time, timedelta, dict, Json),
+        ),
     )
 
 

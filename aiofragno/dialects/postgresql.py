@@ -22,7 +22,7 @@ from ..errors import (
     ValidationError,
 )
 from ..sql import Json, SqlCompiler
-from .common import isolation_sql, json_param
+from .common import SessionChanges, isolation_sql, json_param
 
 # A server session: its backend's process id and start time (a process id
 # alone is reused once the process has exited). The start time as epoch
@@ -54,6 +54,15 @@ ADAPTER = DialectAdapter(
     # (The settings table holds the counter row; this mode lets readers and
     # row-share lockers through, and waits for — then holds off — writers.)
     outbox_snapshot_lock_sql='LOCK TABLE "fragno_db_settings" IN SHARE ROW EXCLUSIVE MODE',
+    session_changes=SessionChanges(
+        # (SET LOCAL, SET TRANSACTION and SET CONSTRAINTS end with the transaction.)
+        "table|merge|show|comment|vacuum|refresh|reindex|cluster|notify|fetch|move"
+        r"|set\s+(?:local|transaction|constraints)",
+        # Session settings and advisory locks (not the _xact_ ones, which end
+        # with the transaction), the temporary schema, SELECT INTO a temporary
+        # table, a dblink connection, the random seed.
+        ("set_config", "advisory_lock", "pg_temp", r"into\s+temp", "dblink_connect", "setseed"),
+    ),
     session_process_sql=f"SELECT pid AS process FROM pg_stat_activity WHERE {SESSION} = {{session}}",
     end_process_sql="SELECT pg_terminate_backend({process})",
     ddl=DdlSpec(

@@ -58,7 +58,7 @@ from ..pool import Connector, PooledDialect
 from ..slots import Slots
 from ..sql import Json, SqlCompiler
 from ..url import DatabaseURL, Options
-from .common import json_param
+from .common import SessionChanges, json_param
 
 _BASE = DialectAdapter(
     supports_returning=sqlite3.sqlite_version_info >= (3, 35, 0),
@@ -82,6 +82,14 @@ _BASE = DialectAdapter(
     checks_batches_in_process=True,
     one_writer=True,
     storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),
+    # PRAGMA is plain only for the pragmas that read (a setting's pragma
+    # with an argument sets it); ATTACH and BEGIN are not plain.
+    session_changes=SessionChanges(
+        r"replace|reindex|vacuum|pragma\s+(?:\w+\.)?(?:table_x?info|table_list|index_x?info"
+        r"|index_list|foreign_key_list|foreign_key_check|integrity_check|quick_check"
+        r"|database_list|collation_list|function_list|module_list|pragma_list"
+        r"|compile_options|data_version|page_count|freelist_count)"
+    ),
     ddl=DdlSpec(
         types={
             "string": "text",
@@ -144,6 +152,11 @@ def create_compiler() -> SqlCompiler:
             Json: json_param,
         },
         empty_set="SELECT NULL WHERE 0",
+        # What sqlite3 binds, and what the encoders above turn into that.
+        scalars=(
+            *(type(None), bool, int, float, str, bytes, bytearray, memoryview),
+            *(Decimal, datetime, date, time, dict, Json),
+        ),
     )
 
 
@@ -265,6 +278,8 @@ class SqliteConnection(ABC):
         self._holds_gate = False
         self._begin_pending = False
         self._closed = False
+        self._settings: list[CompiledQuery] = []  # (configure)
+        self._memory = False
 
     # In-process: a connection that breaks leaves nothing running elsewhere.
     server_session = None
@@ -278,6 +293,11 @@ class SqliteConnection(ABC):
         except (sqlite3.ProgrammingError, ValueError):
             return True
         return False
+
+    @property
+    def in_transaction(self) -> bool:
+        # (A closed connection raises when asked.)
+        return not self.is_closed and bool(self._raw.in_transaction)
 
     @abstractmethod
     async def _call(self, call: Call[T]) -> T:
@@ -360,10 +380,10 @@ class SqliteConnection(ABC):
 
     async def configure(self, url: DatabaseURL, options: Options) -> None:
         """Apply the connection settings; closes the connection if that fails."""
+        self._settings = [CompiledQuery(s) for s in _pragmas(url, options)]
+        self._memory = url.is_memory
         try:
-            await self._call(
-                partial(run_batch, queries=[CompiledQuery(s) for s in _pragmas(url, options)])
-            )
+            await self._call(partial(run_batch, queries=self._settings))
         except BaseException:
             with runtime.shielded():
                 await self.close()
@@ -374,6 +394,18 @@ class SqliteConnection(ABC):
             await self.rollback()
         except Exception:
             return False
+        return True
+
+    async def reset_session(self) -> bool:
+        """A database file's connection is replaced: a new one is cheap, and
+        nothing short of that undoes every PRAGMA, temporary object and
+        attached database. A ``:memory:`` database lives only as long as its
+        one connection, so that one is rolled back and configured again;
+        anything else raw SQL changed on it stays."""
+        await self.rollback()
+        if not self._memory:
+            return False
+        await self._call(partial(run_batch, queries=self._settings))
         return True
 
     async def close(self) -> None:

@@ -163,7 +163,7 @@ def client_gone_during_commit_batch(before: str | None = None) -> Any:
         at = next((i for i, t in enumerate(texts) if before in t), 0) if before else 0
         text = ";\n".join([*lead, *texts[:at], "DO SLEEP(0.3)", *texts[at:]])
         parameters = tuple(p for q in queries for p in q.parameters)
-        await self._raw._execute_command(3, backend._bind(self._raw, text, parameters))  # COM_QUERY
+        await self._raw._execute_command(3, backend._bind(text, parameters))  # COM_QUERY
         await asyncio.sleep(0.1)
         self._raw._transport.abort()
         await asyncio.sleep(1.5)  # the server runs the batch to its end meanwhile

@@ -118,7 +118,7 @@ EDGE_VALUES = [
 
 
 # Long texts full of characters a string literal must escape (the MySQL
-# backend escapes long strings itself, short ones through asyncmy).
+# backend writes every value into the statement as a literal itself).
 LONG_TEXTS = {
     "specials": "\\ ' \" \n \r \x1a %s %% ; é 🦀 " * 8,
     "backslashes": "\\" * 99 + "'",

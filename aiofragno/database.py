@@ -33,7 +33,7 @@ from .naming import Layout, resolve_naming
 from .outbox import OutboxReader
 from .outbox.writer import OutboxStatements
 from .resilience import Deadline, retry_read, shared_deadline
-from .schema import Schema, _check_name
+from .schema import Schema, TableIdentity, _check_name
 from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
 from .sql import Fragment
 from .stats import Stats
@@ -74,6 +74,7 @@ class Database(Queries):
         self._ddl = Ddl(self.adapter.ddl, self.compiler.quote_identifier, self.codec)
         self._layouts: dict[tuple[int, str], Layout] = {}
         self._catalogs: dict[int, Catalog] = {}
+        self._table_identities: dict[tuple[str, ...], TableIdentity] = {}
         self.outbox = OutboxReader(self)
         self.stats = Stats()
         self._outbox_statements: OutboxStatements | None = None
@@ -138,7 +139,7 @@ class Database(Queries):
         catalog = self._catalogs.get(id(layout))
         if catalog is None:
             catalog = self._catalogs[id(layout)] = Catalog(
-                layout, self.compiler, self.codec, self.adapter
+                layout, self.compiler, self.codec, self.adapter, self._table_identities
             )
         return catalog
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ValidationError
-from ..schema import INTERNAL_ID, RowId
+from ..schema import INTERNAL_ID, RowId, TableIdentity
 
 if TYPE_CHECKING:
     from .catalog import Catalog, ColumnInfo, TableInfo
@@ -80,30 +80,60 @@ class Compiling:
 def bind(table: TableInfo, info: ColumnInfo, value: Any) -> Any:
     """``value`` as the parameter of column ``info``: checked and encoded for
     the column's type. A reference's parameter is the row's internal id (an
-    int) where ``value`` carries it, else the external id (a str), by which
-    the statement has to look the row up."""
+    int) where ``value`` is a RowId of the referenced table that carries it,
+    else the external id (a str), by which the statement has to look the row
+    up."""
     try:
-        if info.target is None:
+        if info.target_identity is None:
             return info.encode(value)
-        internal = getattr(value, "internal_id", None)
-        if internal is not None:
-            return internal
-        if not isinstance(value, str):
-            raise ValidationError(
-                f"a reference takes a RowId or an id string, got {type(value).__name__}"
-            )
-        return str(value)
+        return _reference(info.target_identity, value)
     except ValidationError as exc:
         raise ValidationError(f"{table.name}.{info.name}: {exc}") from None
 
 
-def row_id(value: Any, *, table: str, need_version: bool) -> RowId | str:
-    """Check a row id argument: a RowId, or (without ``need_version``) an id string."""
+def _reference(target: TableIdentity, value: Any) -> Any:
+    """A reference's parameter (see :func:`bind`). An internal id is trusted
+    only from a RowId made for ``target`` by this Database: one from another
+    Database (or unpickled) may carry another database's id for the table,
+    and is looked up by its external id instead."""
+    if isinstance(value, RowId):
+        source = value.table
+        if source is target:
+            internal = value.internal_id
+            return str(value) if internal is None else internal
+        _check_table(source, target, "a reference to")
+        return str(value)
     if not isinstance(value, str):
-        raise ValidationError(f"{table}: a row id is a RowId or str, got {type(value).__name__}")
+        raise ValidationError(
+            f"a reference takes a RowId or an id string, got {type(value).__name__}"
+        )
+    return str(value)
+
+
+def _check_table(source: TableIdentity | None, table: TableIdentity, use: str) -> None:
+    """Refuse a RowId of another physical table: its external id names no
+    row of ``table``, and its internal id and version belong to another
+    table's row (another table of the schema, or the same table in another
+    namespace)."""
+    if source is not None and source.physical != table.physical:
+        raise ValidationError(
+            f"{use} {table!r} got a RowId of {source!r}; pass an id of a row of "
+            f"{table.table!r} in namespace {table.namespace!r}"
+        )
+
+
+def row_id(value: Any, *, table: TableInfo, need_version: bool) -> RowId | str:
+    """Check a row id argument: a RowId of ``table`` (or of no table), or
+    (without ``need_version``) an id string."""
+    if not isinstance(value, str):
+        raise ValidationError(
+            f"{table.name}: a row id is a RowId or str, got {type(value).__name__}"
+        )
+    if isinstance(value, RowId):
+        _check_table(value.table, table.identity, "the row id of")
     if need_version and getattr(value, "version", None) is None:
         raise ValidationError(
-            f"{table}: check=True needs a RowId that carries a version (one read in this unit's "
-            f"retrieval phase or returned by create), got {value!r}"
+            f"{table.name}: check=True needs a RowId that carries a version (one read in this "
+            f"unit's retrieval phase or returned by create), got {value!r}"
         )
     return value

@@ -158,16 +158,32 @@ def _order(table: TableInfo, order_by: Any) -> tuple[tuple[str, bool], ...]:
     """((column, descending), ...) from a name, a (name, direction) pair, or a list of those."""
     if order_by is None:
         return ()
-    items = [order_by] if isinstance(order_by, str | tuple) else list(order_by)
-    order: list[tuple[str, bool]] = []
-    for item in items:
-        name, direction = (item, "asc") if isinstance(item, str) else item
-        if direction not in ("asc", "desc"):
-            raise ValidationError(f"order direction must be 'asc' or 'desc', got {direction!r}")
-        table.column(name)
-        table.check_orderable(name)
-        order.append((name, direction == "desc"))
-    return tuple(order)
+    if isinstance(order_by, str | tuple):
+        items: list[Any] = [order_by]
+    elif isinstance(order_by, list):
+        items = order_by
+    else:
+        raise ValidationError(f"{_ORDER_SHAPES}, got {type(order_by).__name__} {order_by!r:.60}")
+    return tuple(_order_item(table, item) for item in items)
+
+
+_ORDER_SHAPES = "order_by takes a column name, a (column, 'asc'|'desc') pair, or a list of those"
+
+
+def _order_item(table: TableInfo, item: Any) -> tuple[str, bool]:
+    if isinstance(item, str):
+        name, direction = item, "asc"
+    elif isinstance(item, tuple | list) and len(item) == 2:
+        name, direction = item
+    else:
+        raise ValidationError(f"{_ORDER_SHAPES}; {item!r:.60} is none of them")
+    if not isinstance(name, str):
+        raise ValidationError(f"order_by names columns by str, got {type(name).__name__}")
+    if not isinstance(direction, str) or direction not in ("asc", "desc"):
+        raise ValidationError(f"order direction must be 'asc' or 'desc', got {direction!r:.60}")
+    table.column(name)
+    table.check_orderable(name)
+    return name, direction == "desc"
 
 
 class Find(RetrievalOp):
@@ -206,7 +222,9 @@ class Find(RetrievalOp):
         )
 
     def _cursor_key(self) -> str:
-        text = json.dumps([self.table.name, self.order])
+        # The physical table: a cursor from the same table in another
+        # namespace is no position in this one.
+        text = json.dumps([self.table.identity.physical, self.order])
         return hashlib.sha1(text.encode()).hexdigest()[:8]
 
     def shape(self) -> Any:
@@ -317,24 +335,28 @@ class Find(RetrievalOp):
         return base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str, key: str, width: int) -> list[Any]:
+def _decode_cursor(cursor: Any, key: str, width: int) -> list[Any]:
+    malformed = ValidationError(f"malformed cursor {cursor!r:.40}: pass a find() result's .cursor")
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         data = tagged_json.loads(base64.urlsafe_b64decode(padded.encode()))
-        if not isinstance(data, dict) or not isinstance(data.get("v"), list):
-            raise ValueError("not a cursor")
-    except (ValueError, TypeError, ArithmeticError) as exc:
-        raise ValidationError(
-            f"malformed cursor {cursor!r:.40}: pass a find() result's .cursor"
-        ) from exc
+    # (RecursionError: JSON nested deeper than the decoder recurses.)
+    except (ValueError, TypeError, ArithmeticError, RecursionError) as exc:
+        raise malformed from exc
+    if not isinstance(data, dict) or not isinstance(data.get("v"), list):
+        raise malformed
     if data.get("k") != key:
         raise ValidationError(
             "this cursor belongs to a find() on another table or with another order_by"
         )
     values: list[Any] = data["v"]
-    if len(values) != width or not isinstance(values[-1], int):
-        raise ValidationError(f"malformed cursor {cursor!r:.40}: pass a find() result's .cursor")
+    last = values[-1] if values else None
+    if len(values) != width or type(last) is not int or not _BIGINT[0] <= last <= _BIGINT[1]:
+        raise malformed
     return values
+
+
+_BIGINT = (-(2**63), 2**63 - 1)  # the range of an internal id
 
 
 class Count(RetrievalOp):
@@ -412,7 +434,7 @@ class Create(MutationOp):
                     _refuse(table, name, "create")
         if missing is not None:
             raise ValidationError(f"{table.name}.{missing} is required (NOT NULL, no default)")
-        super().__init__(table, RowId(new_external_id(), 0))
+        super().__init__(table, RowId(new_external_id(), 0, None, table.identity))
         self.values = complete
         params, variant, self.lookups = _bind_values(table, complete, "create", bind_nulls=True)
         key = (table.name, "create", tuple(complete), variant)
@@ -448,7 +470,7 @@ class Update(MutationOp):
         check: bool,
     ) -> None:
         _check_mapping(table, values, "update")
-        super().__init__(table, row_id(target, table=table.name, need_version=check))
+        super().__init__(table, row_id(target, table=table, need_version=check))
         self.checked = check
         self.values = dict(values)
         params, variant, self.lookups = _bind_values(table, self.values, "update", bind_nulls=False)
@@ -489,7 +511,7 @@ class Delete(MutationOp):
     op = "delete"
 
     def __init__(self, catalog: Catalog, table: TableInfo, target: Any, check: bool) -> None:
-        super().__init__(table, row_id(target, table=table.name, need_version=check))
+        super().__init__(table, row_id(target, table=table, need_version=check))
         self.checked = check
         text = cached_text(catalog, table, (table.name, ("delete", check), ()), self.render)
         self.query = CompiledQuery(text, _target_params(self.target, check))
@@ -504,7 +526,7 @@ class Check(MutationOp):
     checked = True
 
     def __init__(self, catalog: Catalog, table: TableInfo, target: Any) -> None:
-        super().__init__(table, row_id(target, table=table.name, need_version=True))
+        super().__init__(table, row_id(target, table=table, need_version=True))
         text = cached_text(catalog, table, (table.name, ("check",), ()), self.render)
         self.query = CompiledQuery(text, _target_params(self.target, True))
 

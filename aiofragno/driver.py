@@ -94,8 +94,14 @@ class StorageProfile:
     text_rejects_nul: bool = False
     # Characters a "string" column holds (MySQL: varchar(255), so it can be indexed).
     string_max_chars: int | None = None
-    # (digits before, digits after the point) a decimal column holds, if limited.
-    decimal_digits: tuple[int, int] | None = None
+    # (digits before, digits after the point) a decimal column holds; checked
+    # on the digits and exponent before anything is formatted or bound. The
+    # default is PostgreSQL numeric's range, which also bounds the text that
+    # SQLite stores.
+    decimal_digits: tuple[int, int] = (131072, 16383)
+    # Levels of arrays and objects a json column value may nest (see
+    # json_check.check_json; the default is its MAX_DEPTH).
+    json_max_depth: int = 64
     # The driver turns date/datetime min and max into +-infinity (asyncpg).
     extreme_dates_are_infinity: bool = False
     decimal: Literal["native", "text"] = "native"

@@ -19,12 +19,13 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import UTC, date, datetime, time
+from datetime import date, datetime, time
 from decimal import Decimal
 from functools import partial
 from typing import Any, TypeVar
 
 from .. import runtime
+from ..codec import utc_instant
 from ..driver import (
     CompiledQuery,
     DdlSpec,
@@ -56,7 +57,7 @@ from ..errors import (
 )
 from ..pool import Connector, PooledDialect
 from ..slots import Slots
-from ..sql import Json, SqlCompiler
+from ..sql import Json, SqlCompiler, unicode_text
 from ..url import DatabaseURL, Options
 from .common import json_param
 
@@ -125,7 +126,7 @@ def adapter(options: Options) -> DialectAdapter:
 def _datetime(value: datetime) -> str:
     # ISO-8601 text; aware values in UTC so text order is time order.
     if value.tzinfo is not None:
-        value = value.astimezone(UTC)
+        value = utc_instant(value)
     return value.isoformat()
 
 
@@ -135,6 +136,7 @@ def create_compiler() -> SqlCompiler:
         quote='"',
         max_identifier_length=_BASE.max_identifier_length,
         encoders={
+            str: unicode_text,
             # sqlite3 has no exact decimal type: text keeps every digit.
             Decimal: str,
             datetime: _datetime,

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..brief import brief
 from ..codec import Decode, Encode, ValueCodec
 from ..driver import DialectAdapter, QueryCompiler
 from ..errors import ValidationError
@@ -71,6 +72,8 @@ class TableInfo:
     def column(self, name: str) -> ColumnInfo:
         info = self.columns.get(name)
         if info is None:
+            if not isinstance(name, str):
+                raise ValidationError(f"column names are str, got {brief(name)}")
             if name.startswith("_"):
                 raise ValidationError(
                     f"column {name!r} of table {self.name!r} is internal to aiofragno"
@@ -115,7 +118,6 @@ class TableInfo:
         columns = ", ".join(selected)
         sql = f"SELECT {columns} FROM {self.sql_name} {ALIAS}{''.join(joins)}"
         return columns, sql, _decoder(plan, self.identity)
-
 
 
 def _decoder(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..brief import brief
 from ..errors import ValidationError
 from ..schema import INTERNAL_ID, RowId, TableIdentity
 
@@ -134,6 +135,6 @@ def row_id(value: Any, *, table: TableInfo, need_version: bool) -> RowId | str:
     if need_version and getattr(value, "version", None) is None:
         raise ValidationError(
             f"{table.name}: check=True needs a RowId that carries a version (one read in this "
-            f"unit's retrieval phase or returned by create), got {value!r}"
+            f"unit's retrieval phase or returned by create), got {brief(value)}"
         )
     return value

@@ -27,6 +27,7 @@ from ..errors import (
     UniqueViolation,
     ValidationError,
 )
+from ..json_check import MAX_DEPTH
 from ..sql import Json, SqlCompiler, unicode_text
 from .common import decimal_param, isolation_sql, json_param
 
@@ -117,10 +118,15 @@ def _date(value: date) -> date:
     return value
 
 
-def _items(value: list[Any] | tuple[Any, ...]) -> list[Any] | tuple[Any, ...]:
+def _items(value: list[Any] | tuple[Any, ...], depth: int = 1) -> list[Any] | tuple[Any, ...]:
     """A list or tuple parameter (an array, or a row) with its items encoded
-    like parameters of their own: no value skips its checks inside one."""
-    encoded = [_encode(item) for item in value]
+    like parameters of their own: no value skips its checks inside one.
+    Nested at most MAX_DEPTH levels (an array has at most 6 dimensions)."""
+    if depth > MAX_DEPTH:
+        raise ValidationError(f"a list or tuple parameter nested more than {MAX_DEPTH} levels")
+    encoded = [
+        _items(item, depth + 1) if type(item) in (list, tuple) else _encode(item) for item in value
+    ]
     return encoded if isinstance(value, list) else tuple(encoded)
 
 

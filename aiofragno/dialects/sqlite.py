@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from .. import runtime
+from ..brief import brief
 from ..codec import utc_instant
 from ..driver import (
     CompiledQuery,
@@ -130,6 +131,20 @@ def _datetime(value: datetime) -> str:
     return value.isoformat()
 
 
+def _integer(value: int) -> int:
+    if not -(2**63) <= value < 2**63:
+        raise ValidationError(
+            f"{brief(value)} is outside SQLite's 64-bit integers; bind a Decimal or text"
+        )
+    return value
+
+
+def _real(value: float) -> float:
+    if value != value:
+        raise ValidationError("NaN cannot be stored: SQLite would store NULL instead")
+    return value
+
+
 def create_compiler() -> SqlCompiler:
     return SqlCompiler(
         placeholder="?",
@@ -137,6 +152,8 @@ def create_compiler() -> SqlCompiler:
         max_identifier_length=_BASE.max_identifier_length,
         encoders={
             str: unicode_text,
+            int: _integer,
+            float: _real,
             # sqlite3 has no exact decimal type: text keeps every digit.
             Decimal: str,
             datetime: _datetime,

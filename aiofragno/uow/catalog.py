@@ -84,8 +84,9 @@ class TableInfo:
 
     def check_orderable(self, name: str) -> None:
         """Refuse ordering (and range comparisons) where the storage would not
-        order by value: decimals kept as text (SQLite)."""
-        if self.columns[name].kind == "decimal" and self.decimal_as_text:
+        order by value: decimals kept as text (SQLite). (An unknown column
+        is refused here too: a range comparison checks this first.)"""
+        if self.column(name).kind == "decimal" and self.decimal_as_text:
             raise ValidationError(
                 f"{self.name}.{name}: decimals are stored as text on this database, so they "
                 "cannot be ordered or compared with < > (equality works)"

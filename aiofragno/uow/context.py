@@ -132,9 +132,20 @@ def row_id(value: Any, *, table: TableInfo, need_version: bool) -> RowId | str:
         )
     if isinstance(value, RowId):
         _check_table(value.table, table.identity, "the row id of")
-    if need_version and getattr(value, "version", None) is None:
+    if not need_version:
+        return value
+    version = getattr(value, "version", None)
+    if version is None:
         raise ValidationError(
             f"{table.name}: check=True needs a RowId that carries a version (one read in this "
             f"unit's retrieval phase or returned by create), got {brief(value)}"
         )
+    if type(version) is not int or not _VERSIONS[0] <= version <= _VERSIONS[1]:
+        raise ValidationError(
+            f"{table.name}: a row's version is an int in {_VERSIONS[0]}..{_VERSIONS[1]}, "
+            f"got {brief(version)}"
+        )
     return value
+
+
+_VERSIONS = (-(2**31), 2**31 - 1)  # (the version column's type, on every backend)

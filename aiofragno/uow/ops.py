@@ -200,9 +200,12 @@ class Find(RetrievalOp):
     ) -> None:
         super().__init__(table)
         if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
+            not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit < _BIGINT[1]
         ):
-            raise ValidationError(f"limit must be a positive int, got {brief(limit)}")
+            # (limit + 1 is bound as a bigint: one more row tells of another page.)
+            raise ValidationError(
+                f"limit must be a positive int below 2**63 - 1, got {brief(limit)}"
+            )
         # A plain dict of equalities, the common case, stays a dict (a copy):
         # :meth:`compile` binds its values without building a condition.
         self.equal: dict[str, Any] | None = None

@@ -498,3 +498,91 @@ async def test_garbage_cursors_are_refused(store: Store) -> None:
             continue
         problems.append(f"{cursor!r:.60}: accepted")
     assert not problems, problems
+
+
+async def test_errors_about_hostile_values_are_validation_errors(store: Store) -> None:
+    """What the fuzzer (tests/test_codec_fuzz.py) found: the error about a
+    bad value must not fail itself — an int too long for repr() (ValueError
+    before), a list nested past the recursion limit (RecursionError), a
+    range comparison on an unknown column (KeyError)."""
+    huge = 10**5000
+    deep = nested(5000)
+
+    def queues(uow: af.UnitOfWork) -> list[Any]:
+        return [
+            lambda: uow.create("v", {"n": huge}),
+            lambda: uow.create("v", {"s": huge}),
+            lambda: uow.create("v", {huge: 1}),
+            lambda: uow.find("v", where=af.c.nope > 1).compile(uow._catalog),
+            lambda: uow.find("v", where=af.c[huge] == 1).compile(uow._catalog),
+            lambda: uow.find("v", order_by=[deep]),
+            lambda: uow.find("v", order_by="n", limit=huge),
+            lambda: uow.update("v", af.RowId("x", huge), {"n": 1}, check=True),
+        ]
+
+    async def unit(uow: af.UnitOfWork) -> list[str]:
+        problems = []
+        for number, queue in enumerate(queues(uow)):
+            try:
+                queue()
+            except af.ValidationError:
+                continue
+            except Exception as exc:  # (any other exception is the defect)
+                problems.append(f"{number}: {type(exc).__name__}: {exc!s:.80}")
+                continue
+            problems.append(f"{number}: accepted")
+        uow.mutations.clear()  # (nothing to write)
+        return problems
+
+    assert await store.run(unit) == []
+    if store.db.name == "postgresql":
+        with pytest.raises(af.ValidationError):
+            store.db.compile(af.sql("SELECT {a}", a=deep))
+
+
+RAW_HOSTILE: list[Any] = [
+    2**63,
+    2**64,
+    -(2**63) - 1,
+    10**5000,
+    float("nan"),
+    float("inf"),
+    bytearray(b"x"),
+    b"\x00",
+    dt.timedelta(days=999999999),
+    dt.time(1, tzinfo=NoOffset()),
+    uuid.UUID(int=1),
+    {1, 2},
+    [1, [2]],
+    (1, 2),
+    [],
+    ["a\x00"],
+    [Decimal("1E+131072")],
+    nested(100),
+    dt.date(1, 1, 1),
+    Decimal("-0"),
+    {"a": [1, {"b": None}]},
+    af.Json(10**20),
+    af.RowId("x", 1, 2),
+]
+
+
+async def test_raw_values_raise_only_aiofragno_errors(store: Store) -> None:
+    """Any value given to raw af.sql either runs or fails with an aiofragno
+    error (the driver's own translated), never a bare Python exception; and
+    what SQLite would change is refused: NaN (stored as NULL) and integers
+    beyond 64 bits."""
+    db = store.db
+    problems = []
+    for value in RAW_HOSTILE:
+        try:
+            await db.fetch_value(af.sql("SELECT {v} AS v", v=value))
+        except af.Error:
+            continue
+        except Exception as exc:  # (any other exception is the defect)
+            problems.append(f"{brief(value)}: {type(exc).__name__}: {exc!s:.80}")
+    assert not problems, problems
+    if db.name == "sqlite":
+        for value in (float("nan"), 2**63, -(2**63) - 1):
+            with pytest.raises(af.ValidationError):
+                await db.fetch_value(af.sql("SELECT {v} AS v", v=value))

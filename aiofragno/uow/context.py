@@ -84,10 +84,19 @@ def bind(table: TableInfo, info: ColumnInfo, value: Any) -> Any:
     int) where ``value`` is a RowId of the referenced table that carries it,
     else the external id (a str), by which the statement has to look the row
     up."""
-    try:
-        if info.target_identity is None:
+    target = info.target_identity
+    # (First the common cases: a value of a plain column, and a RowId this
+    # Database read from the referenced table.)
+    if target is None:
+        try:
             return info.encode(value)
-        return _reference(info.target_identity, value)
+        except ValidationError as exc:
+            raise ValidationError(f"{table.name}.{info.name}: {exc}") from None
+    if type(value) is RowId and value.table is target:
+        internal = value.internal_id
+        return str(value) if internal is None else internal
+    try:
+        return _reference(target, value)
     except ValidationError as exc:
         raise ValidationError(f"{table.name}.{info.name}: {exc}") from None
 
@@ -116,7 +125,7 @@ def _check_table(source: TableIdentity | None, table: TableIdentity, use: str) -
     row of ``table``, and its internal id and version belong to another
     table's row (another table of the schema, or the same table in another
     namespace)."""
-    if source is not None and source.physical != table.physical:
+    if source is not None and source is not table and source.physical != table.physical:
         raise ValidationError(
             f"{use} {table!r} got a RowId of {source!r}; pass an id of a row of "
             f"{table.table!r} in namespace {table.namespace!r}"
@@ -126,14 +135,16 @@ def _check_table(source: TableIdentity | None, table: TableIdentity, use: str) -
 def row_id(value: Any, *, table: TableInfo, need_version: bool) -> RowId | str:
     """Check a row id argument: a RowId of ``table`` (or of no table), or
     (without ``need_version``) an id string."""
-    if not isinstance(value, str):
-        raise ValidationError(
-            f"{table.name}: a row id is a RowId or str, got {type(value).__name__}"
-        )
-    if isinstance(value, RowId):
-        _check_table(value.table, table.identity, "the row id of")
+    if type(value) is not RowId or value.table is not table.identity:  # (else: ours)
+        if not isinstance(value, str):
+            raise ValidationError(
+                f"{table.name}: a row id is a RowId or str, got {type(value).__name__}"
+            )
+        if isinstance(value, RowId):
+            _check_table(value.table, table.identity, "the row id of")
+    checked: RowId | str = value
     if not need_version:
-        return value
+        return checked
     version = getattr(value, "version", None)
     if version is None:
         raise ValidationError(
@@ -145,7 +156,7 @@ def row_id(value: Any, *, table: TableInfo, need_version: bool) -> RowId | str:
             f"{table.name}: a row's version is an int in {_VERSIONS[0]}..{_VERSIONS[1]}, "
             f"got {brief(version)}"
         )
-    return value
+    return checked
 
 
 _VERSIONS = (-(2**31), 2**31 - 1)  # (the version column's type, on every backend)

@@ -197,6 +197,10 @@ class DialectAdapter:
     # BEGIN to its end: a unit of work's writes cannot run while the same
     # task has a transaction open, which would wait for itself.
     one_writer: bool = False
+    # A deleted row's internal id may go to a row created later (SQLite's
+    # rowid without AUTOINCREMENT): an internal id read before cannot name the
+    # same row for sure, so references are looked up by external id.
+    reuses_row_ids: bool = False
     # Statements that stop a batch at a stale operation on the server (see
     # :class:`StaleGuard`), so that a transaction's writes, their checks, the
     # outbox entry and COMMIT can go out as one batch. None: the results are

@@ -83,6 +83,7 @@ _BASE = DialectAdapter(
     abort_sql=None,
     checks_batches_in_process=True,
     one_writer=True,
+    reuses_row_ids=True,
     storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),
     ddl=DdlSpec(
         types={

@@ -94,21 +94,22 @@ def bind(table: TableInfo, info: ColumnInfo, value: Any) -> Any:
             raise ValidationError(f"{table.name}.{info.name}: {exc}") from None
     if type(value) is RowId and value.table is target:
         internal = value.internal_id
-        return str(value) if internal is None else internal
+        return str(value) if internal is None or not info.trusts_internal_ids else internal
     try:
-        return _reference(target, value)
+        return _reference(target, value, info.trusts_internal_ids)
     except ValidationError as exc:
         raise ValidationError(f"{table.name}.{info.name}: {exc}") from None
 
 
-def _reference(target: TableIdentity, value: Any) -> Any:
+def _reference(target: TableIdentity, value: Any, trusted: bool) -> Any:
     """A reference's parameter (see :func:`bind`). An internal id is trusted
-    only from a RowId made for ``target`` by this Database: one from another
-    Database (or unpickled) may carry another database's id for the table,
-    and is looked up by its external id instead."""
+    only from a RowId made for ``target`` by this Database, and only where
+    the database never gives a deleted row's id to another (``trusted``):
+    one from another Database (or unpickled) may carry another database's id
+    for the table, and is looked up by its external id instead."""
     if isinstance(value, RowId):
         source = value.table
-        if source is target:
+        if source is target and trusted:
             internal = value.internal_id
             return str(value) if internal is None else internal
         _check_table(source, target, "a reference to")

@@ -17,9 +17,10 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from .brief import brief
 from .driver import StorageProfile
 from .errors import ValidationError
-from .sql import json_text
+from .sql import json_text, unicode_text
 
 Encode = Callable[[Any], Any]
 Decode = Callable[[Any], Any]
@@ -45,13 +46,14 @@ _MILLISECOND = timedelta(milliseconds=1)
 
 
 def _type_error(kind: str, value: Any) -> ValidationError:
-    return ValidationError(f"expected a {kind} value, got {type(value).__name__} {value!r:.60}")
+    return ValidationError(f"expected a {kind} value, got {type(value).__name__} {brief(value)}")
 
 
 def _text(max_chars: int | None, reject_nul: bool) -> Encode:
     def encode(value: Any) -> Any:
         if not isinstance(value, str):
             raise _type_error("str", value)
+        unicode_text(value)
         if max_chars is not None and len(value) > max_chars:
             raise ValidationError(
                 f"{len(value)} characters is more than the column holds ({max_chars})"
@@ -73,7 +75,7 @@ def _integer(kind: str) -> Encode:
             raise _type_error("int", value)
         if not low <= value <= high:
             raise ValidationError(
-                f"{value} is outside the range of a {kind} column ({low}..{high})"
+                f"{brief(value)} is outside the range of a {kind} column ({low}..{high})"
             )
         return value
 
@@ -89,7 +91,9 @@ def _canonical(value: Decimal) -> str:
     return "0" if text in ("-0", "") else text
 
 
-def _decimal(as_text: bool, digits: tuple[int, int] | None) -> Encode:
+def _decimal(as_text: bool, digits: tuple[int, int]) -> Encode:
+    before, after = digits
+
     def encode(value: Any) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             value = Decimal(value)
@@ -98,24 +102,39 @@ def _decimal(as_text: bool, digits: tuple[int, int] | None) -> Encode:
             raise ValidationError(f"expected a Decimal value, got {type(value).__name__}{hint}")
         if not value.is_finite():
             raise ValidationError(f"{value} cannot be stored: decimals must be finite")
-        if digits is not None:
-            _check_digits(value, *digits)
+        value = fit_decimal(value, before, after)
         return _canonical(value) if as_text else value
 
     return encode
 
 
-def _check_digits(value: Decimal, before: int, after: int) -> None:
+def fit_decimal(value: Decimal, before: int, after: int) -> Decimal:
+    """``value`` (finite) if it has at most ``before`` digits before the point
+    and ``after`` after it, else the same number written with an exponent
+    that fits (``0E+1000000`` is 0, ``1.000E-40000`` is 1), else a
+    ValidationError. Works on the digits and exponent, so a short text with a
+    huge exponent costs no memory: nothing is written out positionally."""
     _, figures, exponent = value.as_tuple()
     assert isinstance(exponent, int)
-    fractional = max(0, -exponent)
-    integral = max(0, len(figures) + exponent)
-    if fractional > after and any(figures[len(figures) - fractional + after :]):
+    if exponent >= -after and len(figures) + exponent <= before:
+        return value
+    if not any(figures):
+        return Decimal(0)
+    zeros = len(figures) - len(bytes(figures).rstrip(b"\0"))
+    integral = len(figures) + exponent  # (trailing zeros do not change it)
+    if exponent + zeros < -after:
         raise ValidationError(
-            f"{value} has more than {after} digits after the point, which this database would round"
+            f"{value!s:.40} has more than {after} digits after the point, which this database's "
+            "decimal column cannot hold (it would round them)"
         )
-    if integral > before and any(figures[: integral - before]):
-        raise ValidationError(f"{value} has more than {before} digits before the point")
+    if integral > before:
+        raise ValidationError(
+            f"{value!s:.40} has {integral} digits before the point; this database's decimal "
+            f"column holds at most {before}"
+        )
+    # Only trailing zeros after the point went over: drop as many as needed.
+    drop = -after - exponent
+    return Decimal((value.is_signed(), figures[: len(figures) - drop], -after))
 
 
 def _bool(as_int: bool) -> Encode:
@@ -127,9 +146,11 @@ def _bool(as_int: bool) -> Encode:
     return encode
 
 
-def _json(reject_nul: bool) -> Encode:
+def _json(reject_nul: bool, max_depth: int) -> Encode:
     def encode(value: Any) -> Any:
-        text = json_text(value)
+        # (Counting the levels the outbox's tagged JSON adds, so that the
+        # entry carrying the value is stored whenever the row is.)
+        text = json_text(value, max_depth, escapes=True)
         if reject_nul and "\\u0000" in text:
             raise ValidationError("PostgreSQL cannot store NUL (\\u0000) in JSON text")
         return text
@@ -165,19 +186,19 @@ def _timestamp(storage: str, naive_as_utc: bool, infinity: bool) -> Encode:
     def encode(value: Any) -> Any:
         if not isinstance(value, datetime):
             raise _type_error("datetime", value)
-        if value.tzinfo is None:
-            if not naive_as_utc:
-                raise ValidationError(
-                    f"naive datetime {value.isoformat()} is ambiguous: pass a timezone-aware "
-                    "datetime, or connect with naive_datetimes='utc'"
-                )
-            value = value.replace(tzinfo=UTC)
+        if value.tzinfo is not None:
+            utc = utc_instant(value)
+        elif naive_as_utc:
+            utc = value.replace(tzinfo=UTC)
+        else:
+            raise ValidationError(
+                f"naive datetime {value.isoformat()} is ambiguous: pass a timezone-aware "
+                "datetime, or connect with naive_datetimes='utc'"
+            )
         if storage == "native":
             if infinity:
-                utc = value.astimezone(UTC).replace(tzinfo=None)
-                _refuse_infinity(utc, datetime.min, datetime.max)
-            return value
-        utc = value.astimezone(UTC)
+                _refuse_infinity(utc.replace(tzinfo=None), datetime.min, datetime.max)
+            return utc
         if storage == "utc-naive":
             return utc.replace(tzinfo=None)
         if storage == "iso-text":
@@ -190,6 +211,31 @@ def _timestamp(storage: str, naive_as_utc: bool, infinity: bool) -> Encode:
         return (utc - _EPOCH) // _MILLISECOND
 
     return encode
+
+
+def utc_instant(value: datetime) -> datetime:
+    """An aware datetime as the same instant in UTC. A ValidationError where
+    there is none: a tzinfo whose ``utcoffset()`` gives None (Python calls
+    such a datetime naive, and converting it would take it as local time) or
+    no valid offset, or an instant outside datetime's range once in UTC
+    (``datetime.max`` at UTC-1)."""
+    try:
+        offset = value.utcoffset()
+    except (TypeError, ValueError) as exc:  # not a timedelta, or not within a day
+        raise ValidationError(
+            f"the tzinfo of {brief(value, 80)} gives no valid UTC offset: {exc}"
+        ) from None
+    if offset is None:
+        raise ValidationError(
+            f"{brief(value, 80)} is naive: its tzinfo's utcoffset() gives None, so which instant "
+            "it names is unknown; pass a datetime with a fixed offset or a zoneinfo zone"
+        )
+    try:
+        return (value - offset).replace(tzinfo=UTC)
+    except OverflowError:
+        raise ValidationError(
+            f"{value.isoformat()} is outside the range of datetimes once in UTC (years 1..9999)"
+        ) from None
 
 
 def _decode_timestamp(storage: str) -> Decode | None:
@@ -228,7 +274,7 @@ class ValueCodec:
         factories: dict[str, Callable[[], Encode]] = {
             "decimal": lambda: _decimal(s.decimal == "text", s.decimal_digits),
             "bool": lambda: _bool(s.bool == "int"),
-            "json": lambda: _json(s.text_rejects_nul),
+            "json": lambda: _json(s.text_rejects_nul, s.json_max_depth),
             "binary": lambda: _binary,
             "date": lambda: _date(s.date == "text", s.extreme_dates_are_infinity),
             "timestamp": lambda: _timestamp(

@@ -36,7 +36,7 @@ from .outbox import OutboxReader
 from .outbox.writer import OutboxStatements
 from .ownership import INTERNAL_TABLES
 from .resilience import Deadline, retry_read, shared_deadline
-from .schema import Schema, _check_name
+from .schema import Schema, TableIdentity, _check_name
 from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
 from .sql import Fragment
 from .stats import Stats
@@ -78,6 +78,7 @@ class Database(Queries):
         self._layouts: dict[tuple[int, str], Layout] = {}
         self._physical_names = PhysicalNames(INTERNAL_TABLES)
         self._catalogs: dict[int, Catalog] = {}
+        self._table_identities: dict[tuple[str, ...], TableIdentity] = {}
         self.outbox = OutboxReader(self)
         self.stats = Stats()
         self._outbox_statements: OutboxStatements | None = None
@@ -147,7 +148,7 @@ class Database(Queries):
         catalog = self._catalogs.get(id(layout))
         if catalog is None:
             catalog = self._catalogs[id(layout)] = Catalog(
-                layout, self.compiler, self.codec, self.adapter
+                layout, self.compiler, self.codec, self.adapter, self._table_identities
             )
         return catalog
 

@@ -97,8 +97,14 @@ class StorageProfile:
     text_rejects_nul: bool = False
     # Characters a "string" column holds (MySQL: varchar(255), so it can be indexed).
     string_max_chars: int | None = None
-    # (digits before, digits after the point) a decimal column holds, if limited.
-    decimal_digits: tuple[int, int] | None = None
+    # (digits before, digits after the point) a decimal column holds; checked
+    # on the digits and exponent before anything is formatted or bound. The
+    # default is PostgreSQL numeric's range, which also bounds the text that
+    # SQLite stores.
+    decimal_digits: tuple[int, int] = (131072, 16383)
+    # Levels of arrays and objects a json column value may nest (see
+    # json_check.check_json; the default is its MAX_DEPTH).
+    json_max_depth: int = 64
     # The driver turns date/datetime min and max into +-infinity (asyncpg).
     extreme_dates_are_infinity: bool = False
     decimal: Literal["native", "text"] = "native"
@@ -222,6 +228,10 @@ class DialectAdapter:
     # committed after the snapshot was taken (PostgreSQL's first-updater-
     # wins rule; LOCK TABLE takes no snapshot). None: no such rule.
     outbox_snapshot_lock_sql: str | None = None
+    # A deleted row's internal id may go to a row created later (SQLite's
+    # rowid without AUTOINCREMENT): an internal id read before cannot name the
+    # same row for sure, so references are looked up by external id.
+    reuses_row_ids: bool = False
     # Statements that stop a batch at a stale operation on the server (see
     # :class:`StaleGuard`), so that a transaction's writes, their checks, the
     # outbox entry and COMMIT can go out as one batch. None: the results are

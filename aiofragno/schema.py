@@ -35,19 +35,46 @@ INTERNAL_ID = "_id"
 VERSION = "_version"
 
 
+@dataclass(frozen=True, eq=False, slots=True)
+class TableIdentity:
+    """The table a :class:`RowId` was read from or created in: one physical
+    table (``physical``: its database schema, if any, and name) as one
+    Database reaches it, named for messages by its declared ``table`` and
+    ``namespace``. Each Database makes one per physical table, so the same
+    object means the same id space; an equal ``physical`` from another
+    Database (or a pickled RowId) names the same table, but its internal ids
+    may belong to another database's rows."""
+
+    table: str
+    namespace: str
+    physical: tuple[str, ...]
+
+    def __repr__(self) -> str:
+        return f"<table {self.table!r} of namespace {self.namespace!r}>"
+
+
 class RowId(str):
-    """The external id of a row (a ``str``), carrying the row's ``version`` and
-    ``internal_id`` when it was read from the database."""
+    """The external id of a row (a ``str``), carrying the row's ``version``,
+    ``internal_id`` and ``table`` (a :class:`TableIdentity`) when it was read
+    from the database — ``table`` also when ``create`` returned it. The
+    internal id and version are trusted only by the table they came from;
+    see the README's *Units of work*."""
 
     version: int | None
     internal_id: int | None
+    table: TableIdentity | None
 
     def __new__(
-        cls, external_id: str, version: int | None = None, internal_id: int | None = None
+        cls,
+        external_id: str,
+        version: int | None = None,
+        internal_id: int | None = None,
+        table: TableIdentity | None = None,
     ) -> RowId:
         row_id = str.__new__(cls, external_id)  # (not super(): one RowId per row read)
         row_id.version = version
         row_id.internal_id = internal_id
+        row_id.table = table
         return row_id
 
     def __repr__(self) -> str:

@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from .driver import CompiledQuery
 from .errors import ValidationError
+from .json_check import MAX_DEPTH, check_json
 
 _IN_SUFFIX: Final = re.compile(r"(?is)\b(not\s+)?in\s*\Z")
 _IN_PAREN_SUFFIX: Final = re.compile(r"(?is)\bin\s*\(\s*\Z")
@@ -75,13 +76,32 @@ class Json:
         return f"Json({self.value!r})"
 
 
-def json_text(value: Any) -> str:
+def json_text(value: Any, max_depth: int = MAX_DEPTH, *, escapes: bool = False) -> str:
     """Compact JSON text for ``value``; a :class:`ValidationError` if it is not
-    JSON-serialisable."""
+    JSON-serialisable, has keys that are not str or nests deeper than
+    ``max_depth`` (see :func:`check_json`), or holds text no database can
+    store (:func:`unicode_text`)."""
+    check_json(value, max_depth, escapes=escapes)
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValidationError(f"value is not a JSON document: {exc}") from exc
+    return unicode_text(text)
+
+
+def unicode_text(value: str) -> str:
+    """``value`` if it can be encoded as UTF-8, else a ValidationError: a lone
+    surrogate (``"\\ud800"``, e.g. from decoding bytes with
+    ``errors="surrogateescape"``) is no character any database stores."""
+    if not value.isascii():  # (O(1): CPython knows an ASCII string's kind)
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise ValidationError(
+                f"text with a lone surrogate ({value[exc.start]!r} at {exc.start}) cannot be "
+                "stored: it is not Unicode text; decode bytes without surrogateescape"
+            ) from None
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,11 @@ def tag(value: Any) -> Any:
 
 
 def _tag_dict(value: dict[Any, Any]) -> Any:
-    tagged = {str(k): tag(v) for k, v in value.items()}
+    for key in value:
+        if type(key) is not str and not isinstance(key, str):
+            # (JSON would write True as "True" here and as "true" in a column.)
+            raise TypeError(f"JSON object keys must be str, got {type(key).__name__}")
+    tagged = {k: tag(v) for k, v in value.items()}
     if len(tagged) == 1 and next(iter(tagged)).startswith("$"):
         # As a pair list, so the reader cannot take the inner key for a tag.
         return {"$obj": list(tagged.items())}

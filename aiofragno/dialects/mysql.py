@@ -21,8 +21,8 @@ from ..errors import (
     SerializationFailure,
     UniqueViolation,
 )
-from ..sql import Json, SqlCompiler
-from .common import SessionChanges, isolation_sql, json_param, utc_naive
+from ..sql import Json, SqlCompiler, unicode_text
+from .common import SessionChanges, decimal_param, isolation_sql, json_param, utc_naive
 
 SESSION_LOCK_SQL = "SELECT GET_LOCK(%s, 0)"
 # The id of the connection holding a session lock; NULL once that one is gone.
@@ -58,7 +58,15 @@ ADAPTER = DialectAdapter(
     supports_writable_cte=False,
     rows_array_sql=None,  # (the driver sends a batch in one round trip)
     abort_sql=None,
-    storage=StorageProfile(timestamp="utc-naive", string_max_chars=255, decimal_digits=(35, 30)),
+    storage=StorageProfile(
+        timestamp="utc-naive",
+        string_max_chars=255,
+        decimal_digits=(35, 30),
+        # MariaDB refuses JSON nested 32 levels deep (a CHECK on json_valid),
+        # and a value sits 4 levels down in an outbox entry's payload and 5
+        # in its dead letter.
+        json_max_depth=26,
+    ),
     session_changes=SessionChanges(
         "replace|table|show|describe|desc|rename|optimize|check|checksum|kill",
         # User-level locks, user variables (:= and SELECT INTO @), executable
@@ -129,8 +137,16 @@ def create_compiler() -> SqlCompiler:
         placeholder="%s",
         quote="`",
         max_identifier_length=ADAPTER.max_identifier_length,
-        # DATETIME has no zone: store UTC (the session time zone).
-        encoders={datetime: utc_naive, dict: json_param, Json: json_param},
+        encoders={
+            str: unicode_text,
+            # DATETIME has no zone: store UTC (the session time zone).
+            datetime: utc_naive,
+            dict: json_param,
+            Json: json_param,
+            # The driver writes a Decimal out positionally: bound it first.
+            # (DECIMAL holds at most 65 digits, 30 of them after the point.)
+            Decimal: decimal_param(65, 30, special=False),
+        },
         empty_set="SELECT NULL FROM DUAL WHERE 1=0",
         # What the backend writes as a literal itself (see asyncmy._literal).
         scalars=(

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+from ..codec import utc_instant
 from ..driver import DdlSpec, DialectAdapter, IsolationLevel, StorageProfile
 from ..errors import (
     CheckViolation,
@@ -21,8 +27,9 @@ from ..errors import (
     UniqueViolation,
     ValidationError,
 )
-from ..sql import Json, SqlCompiler
-from .common import SessionChanges, isolation_sql, json_param
+from ..json_check import MAX_DEPTH
+from ..sql import Json, SqlCompiler, unicode_text
+from .common import SessionChanges, decimal_param, isolation_sql, json_param
 
 # A server session: its backend's process id and start time (a process id
 # alone is reused once the process has exited). The start time as epoch
@@ -103,6 +110,7 @@ ADAPTER = DialectAdapter(
 
 
 def _text(value: str) -> str:
+    unicode_text(value)
     if "\x00" in value:
         raise ValidationError(
             "PostgreSQL cannot store NUL (\\x00) characters in text; "
@@ -111,12 +119,58 @@ def _text(value: str) -> str:
     return value
 
 
+def _timestamp(value: datetime) -> datetime:
+    """A raw datetime: aware ones as UTC (refusing those without an instant),
+    never the first or last one, which the driver would send as infinity."""
+    utc = value if value.tzinfo is None else utc_instant(value)
+    if utc.replace(tzinfo=None) in (datetime.min, datetime.max):
+        raise ValidationError(f"{value!r} cannot be stored: the driver would write it as infinity")
+    return utc
+
+
+def _date(value: date) -> date:
+    if value in (date.min, date.max):
+        raise ValidationError(f"{value!r} cannot be stored: the driver would write it as infinity")
+    return value
+
+
+def _items(value: list[Any] | tuple[Any, ...], depth: int = 1) -> list[Any] | tuple[Any, ...]:
+    """A list or tuple parameter (an array, or a row) with its items encoded
+    like parameters of their own: no value skips its checks inside one.
+    Nested at most MAX_DEPTH levels (an array has at most 6 dimensions)."""
+    if depth > MAX_DEPTH:
+        raise ValidationError(f"a list or tuple parameter nested more than {MAX_DEPTH} levels")
+    encoded = [
+        _items(item, depth + 1) if type(item) in (list, tuple) else _encode(item) for item in value
+    ]
+    return encoded if isinstance(value, list) else tuple(encoded)
+
+
+def _encode(value: Any) -> Any:
+    encoder = ENCODERS.get(type(value))
+    return value if encoder is None else encoder(value)
+
+
+ENCODERS: dict[type, Callable[[Any], Any]] = {
+    str: _text,
+    dict: json_param,
+    Json: json_param,
+    # numeric: 131072 digits before the point, 16383 after; beyond them the
+    # driver sends 0.
+    Decimal: decimal_param(131072, 16383, special=True),
+    datetime: _timestamp,
+    date: _date,
+    list: _items,
+    tuple: _items,
+}
+
+
 def create_compiler() -> SqlCompiler:
     return SqlCompiler(
         placeholder="$n",
         quote='"',
         max_identifier_length=ADAPTER.max_identifier_length,
-        encoders={str: _text, dict: json_param, Json: json_param},
+        encoders=ENCODERS,
         array_in=True,
     )
 

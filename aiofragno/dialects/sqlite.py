@@ -19,12 +19,14 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import UTC, date, datetime, time
+from datetime import date, datetime, time
 from decimal import Decimal
 from functools import partial
 from typing import Any, TypeVar
 
 from .. import runtime
+from ..brief import brief
+from ..codec import utc_instant
 from ..driver import (
     CompiledQuery,
     DdlSpec,
@@ -56,7 +58,7 @@ from ..errors import (
 )
 from ..pool import Connector, PooledDialect
 from ..slots import Slots
-from ..sql import Json, SqlCompiler
+from ..sql import Json, SqlCompiler, unicode_text
 from ..url import DatabaseURL, Options
 from .common import SessionChanges, json_param
 
@@ -81,6 +83,7 @@ _BASE = DialectAdapter(
     abort_sql=None,
     checks_batches_in_process=True,
     one_writer=True,
+    reuses_row_ids=True,
     storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),
     # PRAGMA is plain only for the pragmas that read (a setting's pragma
     # with an argument sets it); ATTACH and BEGIN are not plain.
@@ -133,8 +136,22 @@ def adapter(options: Options) -> DialectAdapter:
 def _datetime(value: datetime) -> str:
     # ISO-8601 text; aware values in UTC so text order is time order.
     if value.tzinfo is not None:
-        value = value.astimezone(UTC)
+        value = utc_instant(value)
     return value.isoformat()
+
+
+def _integer(value: int) -> int:
+    if not -(2**63) <= value < 2**63:
+        raise ValidationError(
+            f"{brief(value)} is outside SQLite's 64-bit integers; bind a Decimal or text"
+        )
+    return value
+
+
+def _real(value: float) -> float:
+    if value != value:
+        raise ValidationError("NaN cannot be stored: SQLite would store NULL instead")
+    return value
 
 
 def create_compiler() -> SqlCompiler:
@@ -143,6 +160,9 @@ def create_compiler() -> SqlCompiler:
         quote='"',
         max_identifier_length=_BASE.max_identifier_length,
         encoders={
+            str: unicode_text,
+            int: _integer,
+            float: _real,
             # sqlite3 has no exact decimal type: text keeps every digit.
             Decimal: str,
             datetime: _datetime,

@@ -8,11 +8,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..brief import brief
 from ..codec import Decode, Encode, ValueCodec
 from ..driver import DialectAdapter, QueryCompiler
 from ..errors import ValidationError
 from ..naming import Layout
-from ..schema import EXTERNAL_ID, INTERNAL_ID, VERSION, Column, Reference, RowId
+from ..schema import (
+    EXTERNAL_ID,
+    INTERNAL_ID,
+    VERSION,
+    Column,
+    Reference,
+    RowId,
+    TableIdentity,
+)
 
 ALIAS = "t"
 
@@ -26,6 +35,15 @@ class ColumnInfo:
     encode: Encode
     column: Column | None  # None for the external id
     target: str | None = None  # referenced table
+    target_identity: TableIdentity | None = None  # the referenced table's identity
+    # A RowId of the referenced table may stand for its internal id (see
+    # DialectAdapter.reuses_row_ids).
+    trusts_internal_ids: bool = False
+
+
+# Per column: name, position, decoder, and for a reference the position of the
+# referenced row's external id and that table's identity.
+_Plan = tuple[str, int, Decode | None, int | None, TableIdentity | None]
 
 
 class TableInfo:
@@ -36,6 +54,7 @@ class TableInfo:
         quote = catalog.compiler.quote_identifier
         self.name = name
         self.table = physical.table
+        self.identity = catalog.identity(name)
         self.sql_name = catalog.sql_name(name)
         self.internal_id = f"{ALIAS}.{quote(INTERNAL_ID)}"
         self.columns: dict[str, ColumnInfo] = {
@@ -56,6 +75,8 @@ class TableInfo:
     def column(self, name: str) -> ColumnInfo:
         info = self.columns.get(name)
         if info is None:
+            if not isinstance(name, str):
+                raise ValidationError(f"column names are str, got {brief(name)}")
             if name.startswith("_"):
                 raise ValidationError(
                     f"column {name!r} of table {self.name!r} is internal to aiofragno"
@@ -66,8 +87,9 @@ class TableInfo:
 
     def check_orderable(self, name: str) -> None:
         """Refuse ordering (and range comparisons) where the storage would not
-        order by value: decimals kept as text (SQLite)."""
-        if self.columns[name].kind == "decimal" and self.decimal_as_text:
+        order by value: decimals kept as text (SQLite). (An unknown column
+        is refused here too: a range comparison checks this first.)"""
+        if self.column(name).kind == "decimal" and self.decimal_as_text:
             raise ValidationError(
                 f"{self.name}.{name}: decimals are stored as text on this database, so they "
                 "cannot be ordered or compared with < > (equality works)"
@@ -80,7 +102,7 @@ class TableInfo:
         quote = catalog.compiler.quote_identifier
         selected = [self.internal_id, f"{ALIAS}.{quote(EXTERNAL_ID)}", f"{ALIAS}.{quote(VERSION)}"]
         joins: list[str] = []
-        plan: list[tuple[str, int, Decode | None, int | None]] = []
+        plan: list[_Plan] = []
         for info in self.columns.values():
             if info.column is None:
                 continue
@@ -95,23 +117,27 @@ class TableInfo:
                 )
                 ref_position = len(selected)
                 selected.append(f"{alias}.{quote(EXTERNAL_ID)}")
-            plan.append((info.name, plan_position, catalog.codec.decoder(info.kind), ref_position))
+            convert = catalog.codec.decoder(info.kind)
+            plan.append((info.name, plan_position, convert, ref_position, info.target_identity))
         columns = ", ".join(selected)
         sql = f"SELECT {columns} FROM {self.sql_name} {ALIAS}{''.join(joins)}"
-        return columns, sql, _decoder(plan)
+        return columns, sql, _decoder(plan, self.identity)
 
 
 def _decoder(
-    plan: list[tuple[str, int, Decode | None, int | None]],
+    plan: list[_Plan], identity: TableIdentity
 ) -> Callable[[Sequence[Any]], dict[str, Any]]:
+    """Row values -> a row dict; each RowId carries the table its internal
+    id belongs to (a reference's, the referenced table)."""
+
     def decode(values: Sequence[Any]) -> dict[str, Any]:
-        row: dict[str, Any] = {EXTERNAL_ID: RowId(values[1], values[2], values[0])}
-        for name, position, convert, ref_position in plan:
+        row: dict[str, Any] = {EXTERNAL_ID: RowId(values[1], values[2], values[0], identity)}
+        for name, position, convert, ref_position, target in plan:
             value = values[position]
             if value is None:
                 row[name] = None
             elif ref_position is not None:
-                row[name] = RowId(values[ref_position], None, value)
+                row[name] = RowId(values[ref_position], None, value, target)
             else:
                 row[name] = value if convert is None else convert(value)
         return row
@@ -137,6 +163,8 @@ def _column_info(catalog: Catalog, column: Column) -> ColumnInfo:
             _external_id,
             column,
             column.to_table,
+            catalog.identity(column.to_table),
+            not catalog.adapter.reuses_row_ids,
         )
     encode = catalog.codec.encoder(column.kind, column.length)
     return ColumnInfo(column.name, column.kind, quoted, f"{ALIAS}.{quoted}", encode, column)
@@ -146,7 +174,12 @@ class Catalog:
     """Everything compiled once per (Database, layout)."""
 
     def __init__(
-        self, layout: Layout, compiler: QueryCompiler, codec: ValueCodec, adapter: DialectAdapter
+        self,
+        layout: Layout,
+        compiler: QueryCompiler,
+        codec: ValueCodec,
+        adapter: DialectAdapter,
+        identities: dict[tuple[str, ...], TableIdentity],
     ) -> None:
         self.layout = layout
         self.compiler = compiler
@@ -154,6 +187,18 @@ class Catalog:
         self.adapter = adapter
         self.sql_cache: dict[Any, str] = {}
         self._tables: dict[str, TableInfo] = {}
+        # Shared by the Database's catalogs: one identity per physical table.
+        self._identities = identities
+
+    def identity(self, table: str) -> TableIdentity:
+        """The identity of declared table ``table``'s physical table, the same
+        object for every catalog of this Database that reaches it."""
+        physical = self.layout.table(table)
+        key = physical.identifier.parts
+        identity = self._identities.get(key)
+        if identity is None:
+            identity = self._identities[key] = TableIdentity(table, self.layout.namespace, key)
+        return identity
 
     def sql_name(self, table: str) -> str:
         """The quoted, qualified physical name of ``table``."""
@@ -161,9 +206,9 @@ class Catalog:
         return ".".join(quote(part) for part in self.layout.table(table).identifier.parts)
 
     def table(self, name: str) -> TableInfo:
+        if type(name) is not str and not isinstance(name, str):
+            raise ValidationError(f"table names are str, got {type(name).__name__}")
         info = self._tables.get(name)
         if info is None:
-            if not isinstance(name, str):
-                raise ValidationError(f"table names are str, got {type(name).__name__}")
             info = self._tables[name] = TableInfo(self, name)
         return info

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..brief import brief
 from ..errors import ValidationError
-from ..schema import INTERNAL_ID, RowId
+from ..schema import INTERNAL_ID, RowId, TableIdentity
 
 if TYPE_CHECKING:
     from .catalog import Catalog, ColumnInfo, TableInfo
@@ -81,30 +82,83 @@ class Compiling:
 def bind(table: TableInfo, info: ColumnInfo, value: Any) -> Any:
     """``value`` as the parameter of column ``info``: checked and encoded for
     the column's type. A reference's parameter is the row's internal id (an
-    int) where ``value`` carries it, else the external id (a str), by which
-    the statement has to look the row up."""
-    try:
-        if info.target is None:
+    int) where ``value`` is a RowId of the referenced table that carries it,
+    else the external id (a str), by which the statement has to look the row
+    up."""
+    target = info.target_identity
+    # (First the common cases: a value of a plain column, and a RowId this
+    # Database read from the referenced table.)
+    if target is None:
+        try:
             return info.encode(value)
-        internal = getattr(value, "internal_id", None)
-        if internal is not None:
-            return internal
-        if not isinstance(value, str):
-            raise ValidationError(
-                f"a reference takes a RowId or an id string, got {type(value).__name__}"
-            )
-        return str(value)
+        except ValidationError as exc:
+            raise ValidationError(f"{table.name}.{info.name}: {exc}") from None
+    if type(value) is RowId and value.table is target:
+        internal = value.internal_id
+        return str(value) if internal is None or not info.trusts_internal_ids else internal
+    try:
+        return _reference(target, value, info.trusts_internal_ids)
     except ValidationError as exc:
         raise ValidationError(f"{table.name}.{info.name}: {exc}") from None
 
 
-def row_id(value: Any, *, table: str, need_version: bool) -> RowId | str:
-    """Check a row id argument: a RowId, or (without ``need_version``) an id string."""
+def _reference(target: TableIdentity, value: Any, trusted: bool) -> Any:
+    """A reference's parameter (see :func:`bind`). An internal id is trusted
+    only from a RowId made for ``target`` by this Database, and only where
+    the database never gives a deleted row's id to another (``trusted``):
+    one from another Database (or unpickled) may carry another database's id
+    for the table, and is looked up by its external id instead."""
+    if isinstance(value, RowId):
+        source = value.table
+        if source is target and trusted:
+            internal = value.internal_id
+            return str(value) if internal is None else internal
+        _check_table(source, target, "a reference to")
+        return str(value)
     if not isinstance(value, str):
-        raise ValidationError(f"{table}: a row id is a RowId or str, got {type(value).__name__}")
-    if need_version and getattr(value, "version", None) is None:
         raise ValidationError(
-            f"{table}: check=True needs a RowId that carries a version (one read in this unit's "
-            f"retrieval phase or returned by create), got {value!r}"
+            f"a reference takes a RowId or an id string, got {type(value).__name__}"
         )
-    return value
+    return str(value)
+
+
+def _check_table(source: TableIdentity | None, table: TableIdentity, use: str) -> None:
+    """Refuse a RowId of another physical table: its external id names no
+    row of ``table``, and its internal id and version belong to another
+    table's row (another table of the schema, or the same table in another
+    namespace)."""
+    if source is not None and source is not table and source.physical != table.physical:
+        raise ValidationError(
+            f"{use} {table!r} got a RowId of {source!r}; pass an id of a row of "
+            f"{table.table!r} in namespace {table.namespace!r}"
+        )
+
+
+def row_id(value: Any, *, table: TableInfo, need_version: bool) -> RowId | str:
+    """Check a row id argument: a RowId of ``table`` (or of no table), or
+    (without ``need_version``) an id string."""
+    if type(value) is not RowId or value.table is not table.identity:  # (else: ours)
+        if not isinstance(value, str):
+            raise ValidationError(
+                f"{table.name}: a row id is a RowId or str, got {type(value).__name__}"
+            )
+        if isinstance(value, RowId):
+            _check_table(value.table, table.identity, "the row id of")
+    checked: RowId | str = value
+    if not need_version:
+        return checked
+    version = getattr(value, "version", None)
+    if version is None:
+        raise ValidationError(
+            f"{table.name}: check=True needs a RowId that carries a version (one read in this "
+            f"unit's retrieval phase or returned by create), got {brief(value)}"
+        )
+    if type(version) is not int or not _VERSIONS[0] <= version <= _VERSIONS[1]:
+        raise ValidationError(
+            f"{table.name}: a row's version is an int in {_VERSIONS[0]}..{_VERSIONS[1]}, "
+            f"got {brief(version)}"
+        )
+    return checked
+
+
+_VERSIONS = (-(2**31), 2**31 - 1)  # (the version column's type, on every backend)

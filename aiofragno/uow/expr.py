@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..brief import brief
 from ..errors import ValidationError
 from .context import Compiling
 
@@ -44,7 +45,7 @@ class Expr(ABC):
 
 def _expr(value: Any) -> Expr:
     if not isinstance(value, Expr):
-        raise ValidationError(f"expected a condition built from af.c, got {value!r}")
+        raise ValidationError(f"expected a condition built from af.c, got {brief(value)}")
     return value
 
 
@@ -240,5 +241,5 @@ def equalities(where: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a dict ``where`` (column -> value), its keys checked."""
     for name in where:
         if not isinstance(name, str):
-            raise ValidationError(f"where keys must be column names, got {name!r}")
+            raise ValidationError(f"where keys must be column names, got {brief(name)}")
     return dict(where)

@@ -293,7 +293,7 @@ def test_create_accepts_or_refuses_and_the_entry_agrees(
     if created is None:
         return
     entry = entry_values(
-        catalog.codec, uow_id="u", schema="fuzz", namespace="ns", writes=uow.mutations
+        catalog.codec, uow_id="u", nonce="n", schema="fuzz", namespace="ns", writes=uow.mutations
     )
     [mutation] = tagged_json.loads(entry["payload"])["mutations"]
     carried = mutation["values"][column]
@@ -330,7 +330,14 @@ def test_writes_accept_or_refuse(
     else:
         refuses_only_with_validation_error(lambda: uow.check("v", target))
     if uow.mutations:
-        entry_values(catalog.codec, uow_id="u", schema="fuzz", namespace="ns", writes=uow.mutations)
+        entry_values(
+            catalog.codec,
+            uow_id="u",
+            nonce="n",
+            schema="fuzz",
+            namespace="ns",
+            writes=uow.mutations,
+        )
 
 
 @catalogs

@@ -286,6 +286,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         anyio.run(args.handler, args, backend=args.runtime)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`aiofragno outbox tail | head`): not an error.
+        # Point stdout at nothing, so that flushing it at exit does not fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:
         if args.debug:
             raise

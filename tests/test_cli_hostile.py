@@ -161,3 +161,33 @@ def test_outbox_tail_escapes_control_characters(url: str, tmp_path: Path) -> Non
             assert bodies == [HOSTILE]
     finally:
         anyio.run(drop)
+
+
+def test_outbox_tail_into_a_reader_that_goes_away_is_quiet(tmp_path: Path) -> None:
+    """``aiofragno outbox tail | head -1``: the reader closes the pipe after
+    one line; the command ends without an error line and with status 0."""
+    url = f"sqlite:///{tmp_path}/pipe.db"
+    schema = af.Schema("piped", af.Table("notes", af.Column("body", "string")))
+
+    async def write() -> None:
+        async with af.connect(url, outbox=True) as db:
+            await db.migrate(schema)
+
+            async def unit(uow: af.UnitOfWork) -> None:
+                for i in range(2000):
+                    uow.create("notes", {"body": f"note {i}"})
+
+            for _ in range(5):
+                await db.execute_uow(unit, schema=schema)
+
+    anyio.run(write)
+    tail = subprocess.Popen(
+        [SCRIPT, "outbox", "tail", "--url", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert tail.stdout is not None and tail.stderr is not None
+    assert json.loads(tail.stdout.readline())["versionstamp"]
+    tail.stdout.close()  # the reader goes away
+    assert tail.wait(timeout=60) == 0
+    assert tail.stderr.read() == b""

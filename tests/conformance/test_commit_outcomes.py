@@ -596,13 +596,13 @@ async def test_units_around_the_statement_size_limits_commit(keyed_shop: Shop, s
 
 
 async def test_a_unit_of_many_dependent_writes_commits(keyed_shop: Shop) -> None:
-    """6,000 accounts and 6,000 transfers each referencing an account the
+    """2,000 accounts and 2,000 transfers each referencing an account the
     same unit creates, in one unit: committed as a whole, every reference
     right (the writes that depend on earlier ones run after them)."""
     shop = keyed_shop
 
     async def unit(uow: af.UnitOfWork) -> None:
-        for i in range(6000):
+        for i in range(2000):
             account = uow.create("accounts", {"owner": f"bulk{i:05}", "balance": i})
             uow.create("transfers", {"src": account, "amount": i})
 
@@ -616,7 +616,7 @@ async def test_a_unit_of_many_dependent_writes_commits(keyed_shop: Shop) -> None
         )
     )
     assert int(wrong) == 0
-    assert await shop.transfers() == 6000
+    assert await shop.transfers() == 2000
 
 
 # -- after the commit ------------------------------------------------------------

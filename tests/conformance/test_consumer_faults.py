@@ -631,15 +631,15 @@ async def test_the_lease_is_kept_through_long_batches_and_retries(
     """A batch that takes many leases' time, and a handler whose retries'
     backoff outlasts the lease: another worker polling all along never gets
     the lease from a worker that is still delivering."""
-    lease = 0.6
+    lease = 0.4
     deliveries = Deliveries()
-    failures = {env.stamps[1]: 3}  # the backoff: 0.2 + 0.4 + 0.8 s > lease
+    failures = {env.stamps[1]: 3}  # the backoff: 0.15 + 0.3 + 0.6 s > lease
     stop = False
 
     async def slowly(entry: OutboxEntry, *tx: Any) -> None:
         if tx:
             await tx[0].execute(env.effect(entry))
-        await anyio.sleep(0.15)  # ENTRIES of these: twice the lease
+        await anyio.sleep(0.1)  # ENTRIES of these: twice the lease
         if failures.get(entry.versionstamp, 0):
             failures[entry.versionstamp] -= 1
             raise RuntimeError("not yet")
@@ -651,7 +651,7 @@ async def test_the_lease_is_kept_through_long_batches_and_retries(
             stop=lambda: stop,
             poll_interval=0.02,
             batch_size=ENTRIES,
-            retry_delay=0.2,
+            retry_delay=0.15,
         )
 
     with anyio.fail_after(LIMIT):

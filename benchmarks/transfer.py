@@ -265,6 +265,7 @@ class Raw(Variant):
                 ),
                 "refs": json.dumps({"2.src": a[1], "2.dst": b[1]}, separators=(",", ":")),
                 "created": self.encode_time(utc_now()),  # (millisecond precision)
+                "nonce": os.urandom(16).hex(),
             }
         )
         for sql, params in queries:

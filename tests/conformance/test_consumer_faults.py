@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import random
 import uuid
-import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from aiofragno.outbox import Consumer, ConsumerHalted, OutboxEntry
 from aiofragno.outbox.dead_letters import MAX_ERROR_LENGTH
 from aiofragno.outbox.tables import CONSUMERS, DEAD_LETTERS
 from tests.conformance.namespaces import Namespaces
+from tests.conformance.private_databases import PrivateDatabases
 from tests.conftest import Target, require_target
 from tests.faults import Proxy, tcp_proxy
 
@@ -52,39 +52,6 @@ MODES = pytest.mark.parametrize("transactional", [False, True], ids=["plain", "t
 
 
 # -- a database of the module's own ---------------------------------------------
-
-
-def _quote(dialect: str, name: str) -> str:
-    return f"`{name}`" if dialect == "mysql" else f'"{name}"'
-
-
-class PrivateDatabases:
-    def __init__(self) -> None:
-        self.urls: dict[str, str] = {}
-        self.made: list[tuple[str, str, str]] = []
-
-    async def url_for(self, target: Target, base: str) -> str:
-        if target.dialect not in self.urls:
-            name = f"aiofragno_cf_{uuid.uuid4().hex[:10]}"
-            template = " TEMPLATE template0" if target.dialect == "postgresql" else ""
-            async with af.connect(base, backend=target.backend, pool_size=1) as admin:
-                await admin.execute(
-                    admin.raw(f"CREATE DATABASE {_quote(target.dialect, name)}{template}")
-                )
-            self.made.append((target.dialect, base, name))
-            self.urls[target.dialect] = urlunsplit(urlsplit(base)._replace(path=f"/{name}"))
-        return self.urls[target.dialect]
-
-    async def drop_all(self) -> None:
-        for dialect, base, name in self.made:
-            force = " WITH (FORCE)" if dialect == "postgresql" else ""
-            try:
-                async with af.connect(base, pool_size=1) as admin:
-                    await admin.execute(
-                        admin.raw(f"DROP DATABASE IF EXISTS {_quote(dialect, name)}{force}")
-                    )
-            except af.Error as exc:
-                warnings.warn(f"could not drop test database {name}: {exc}", stacklevel=1)
 
 
 @pytest.fixture(scope="module")

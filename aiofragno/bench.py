@@ -37,10 +37,16 @@ RETRY = ExponentialBackoff(max_retries=100, initial=0.001, maximum=0.05)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--units", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--units", type=int, default=2000, help="units to run (default: 2000)")
+    parser.add_argument("--concurrency", type=int, default=16, help="units at once (default: 16)")
     parser.add_argument("--outbox", action="store_true", help="write outbox entries too")
-    parser.add_argument("--compare", help="also run these side by side: raw,sqlalchemy")
+    parser.add_argument(
+        "--compare",
+        metavar="raw,sqlalchemy",
+        help="also run hand-written driver code and/or the SQLAlchemy ORM side by side; "
+        "needs a checkout of the aiofragno repository (run from its root, with "
+        "'pip install aiofragno[bench]'): the harness is not part of the installed package",
+    )
 
 
 async def cmd_bench(args: argparse.Namespace, url: str | None) -> None:

@@ -6,8 +6,9 @@
     aiofragno outbox consumers --url URL
     aiofragno doctor --url URL
     aiofragno bench [--url URL] [--units N] [--concurrency C] [--outbox] [--compare raw,sqlalchemy]
+    aiofragno --version
 
-``--url`` defaults to ``$AIOFRAGNO_URL``. Errors print one line on stderr and
+Also runs as ``python -m aiofragno``. ``--url`` defaults to ``$AIOFRAGNO_URL``. Errors print one line on stderr and
 exit with status 1 (``--debug`` shows the traceback).
 """
 
@@ -24,7 +25,7 @@ from typing import Any
 
 import anyio
 
-from . import tagged_json
+from . import __version__, tagged_json
 from .bench import add_arguments as add_bench_arguments
 from .bench import cmd_bench as run_bench_command
 from .database import Database, connect
@@ -243,8 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiofragno", description="aiofragno: async database layer"
     )
+    parser.add_argument("--version", action="version", version=f"aiofragno {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("--runtime", choices=["asyncio", "trio"], default="asyncio")
+    parser.add_argument(
+        "--runtime",
+        choices=["asyncio", "trio"],
+        default="asyncio",
+        help="the event loop to run the command on (default: asyncio)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     def command(
@@ -256,11 +263,13 @@ def build_parser() -> argparse.ArgumentParser:
         return sub
 
     demo = command("demo", cmd_demo, "a tour: schema, migration, concurrent transfers, outbox")
-    demo.add_argument("--units", type=int, default=400)
-    demo.add_argument("--concurrency", type=int, default=16)
+    demo.add_argument("--units", type=int, default=400, help="transfers to run (default: 400)")
+    demo.add_argument("--concurrency", type=int, default=16, help="transfers at once (default: 16)")
     migrate = command("migrate", cmd_migrate, "create or extend a schema's tables")
     migrate.add_argument("schema", help="module:attr of an af.Schema")
-    migrate.add_argument("--namespace")
+    migrate.add_argument(
+        "--namespace", help="the namespace to create the tables in (default: the schema's name)"
+    )
     migrate.add_argument("--dry-run", action="store_true", help="print the SQL, change nothing")
     outbox = commands.add_parser("outbox", help="read the outbox").add_subparsers(
         dest="outbox_command", required=True
@@ -271,7 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument(
         "--json", action="store_true", help="JSON lines (the default and only format)"
     )
-    tail.add_argument("--poll", type=float, default=0.5)
+    tail.add_argument(
+        "--poll",
+        type=float,
+        default=0.5,
+        help="with --follow: seconds between reads when there is nothing new (default: 0.5)",
+    )
     command("consumers", cmd_outbox_consumers, "cursor, lag and dead letters per consumer", outbox)
     command("doctor", cmd_doctor, "connectivity, versions, capabilities, pool settings")
     bench = command("bench", cmd_bench, "the transfer workload: units/s, latency, conflicts")

@@ -398,7 +398,7 @@ class Database(Queries):
         # the driver calls it.
         if isinstance(error, ConnectionLost | DatabaseUnavailable | QueryCanceled):
             return DatabaseUnavailable(
-                f"cannot connect to {self.url.describe()}: {exc or type(exc).__name__}; "
+                f"cannot connect to {self.url.describe()}: {error}; "
                 "check that the server is running and the URL is right",
                 sqlstate=error.sqlstate,
                 code=error.code,

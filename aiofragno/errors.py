@@ -228,11 +228,15 @@ class ErrorTable:
                 return cls
         return DatabaseError
 
-    def translate(self, exc: BaseException, code: str | None = None) -> Error:
-        """Build the aiofragno error for ``exc``; raise it ``from exc``."""
+    def translate(
+        self, exc: BaseException, code: str | None = None, message: str | None = None
+    ) -> Error:
+        """Build the aiofragno error for ``exc``; raise it ``from exc``.
+        ``message`` replaces ``str(exc)`` where the driver's own is not
+        written for people (a tuple's repr, say)."""
         cls = self.classify(exc, code)
         sqlstate = code if code is None or self.sqlstates is None else self.sqlstates.get(code)
-        message = str(exc) or type(exc).__name__
+        message = message or str(exc) or type(exc).__name__
         if issubclass(cls, DatabaseError):
             if code is not None:
                 message = f"{message} [code {code}]"

@@ -142,3 +142,60 @@ def test_bench_compare_outside_a_checkout(tmp_path: Path) -> None:
         timeout=60,
     )
     assert result.returncode == 1 and "checkout" in result.stderr
+
+
+def test_version_from_the_script_and_python_m() -> None:
+    import aiofragno
+
+    script = run("--version")
+    module = subprocess.run(
+        [sys.executable, "-m", "aiofragno", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    for result in (script, module):
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == f"aiofragno {aiofragno.__version__}"
+
+
+def test_every_option_has_help_text() -> None:
+    import argparse
+
+    from aiofragno.cli import build_parser
+
+    def options(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, str | None]]:
+        found = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found += options(sub, f"{path} {name}")
+            elif action.option_strings:
+                found.append((f"{path} {action.option_strings[-1]}", action.help))
+        return found
+
+    listed = options(build_parser(), "aiofragno")
+    assert len(listed) > 15
+    assert [name for name, help in listed if not help] == []
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mysql://nobody:secret@127.0.0.1/test", "Access denied for user 'nobody'"),
+        ("mysql://root@127.0.0.1/no_such_database", "Unknown database 'no_such_database'"),
+        ("postgresql://nobody:secret@127.0.0.1/test", 'role "nobody" does not exist'),
+        ("postgresql://postgres@127.0.0.1/no_such_database", "no_such_database"),
+    ],
+)
+def test_connect_errors_read_alike_on_both_servers(url: str, message: str) -> None:
+    # asyncmy's errors are (code, text) tuples: the user sees the text only.
+    dialect = "mysql" if url.startswith("mysql") else "postgresql"
+    require_target(next(t for t in DIALECTS if t.dialect == dialect))
+    result = run("doctor", "--url", url)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert (
+        "secret" not in result.stderr and '", "' not in result.stderr and "(1" not in result.stderr
+    )

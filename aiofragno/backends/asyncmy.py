@@ -75,6 +75,18 @@ def _error_code(exc: BaseException) -> str | None:
     return None
 
 
+def _error_message(exc: BaseException) -> str | None:
+    # asyncmy's errors are (code, message) pairs, whose str() is the tuple's repr.
+    args = exc.args
+    if isinstance(exc, asyncmy.errors.MySQLError) and len(args) == 2 and isinstance(args[1], str):
+        return args[1]
+    return None
+
+
+def translate(exc: BaseException) -> Exception:
+    return ERRORS.translate(exc, _error_code(exc), _error_message(exc))
+
+
 def _utc_rows(description: Any, tuples: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     # The session runs in UTC, so DATETIME values are UTC: make them aware.
     positions = [i for i, column in enumerate(description) if column[1] in _DATETIME_TYPES]
@@ -398,7 +410,7 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         name="mysql",
         adapter=mysql.ADAPTER,
         compiler=mysql.create_compiler,
-        translate=lambda exc: ERRORS.translate(exc, _error_code(exc)),
+        translate=translate,
         connect=connect,
         options=options,
         pool_size=options.pool_size,

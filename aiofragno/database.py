@@ -108,7 +108,7 @@ class Database(Queries):
     def closed(self) -> bool:
         return self._closed
 
-    def compile(self, query: Any) -> CompiledQuery:
+    def compile(self, query: Fragment) -> CompiledQuery:
         """``query`` (an ``af.sql`` fragment) as SQL text and parameters for
         this database, without running it."""
         return self.compiler.compile(query)
@@ -301,7 +301,7 @@ class Database(Queries):
     ) -> None:
         await self.close()
 
-    async def _run(self, query: Any) -> QueryResult:
+    async def _run(self, query: Fragment) -> QueryResult:
         tx = current_transaction(self)
         if tx is not None:
             return await tx.execute(query)

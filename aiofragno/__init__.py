@@ -32,6 +32,7 @@ from .errors import (
     SessionStillRunning,
     TransactionClosed,
     TransactionConflict,
+    UnexpectedType,
     UniqueViolation,
     ValidationError,
     WouldDeadlock,
@@ -43,6 +44,7 @@ from .session import Transaction
 from .sql import Fragment, Identifier, Json, sql
 from .stats import Stats
 from .uow import ExponentialBackoff, FindResult, NoRetry, RetryPolicy, UnitOfWork, UowHooks, c
+from .url import ConnectOptions
 
 __version__ = "0.1.0"
 
@@ -55,6 +57,7 @@ __all__ = [
     "CompiledQuery",
     "ConcurrencyConflict",
     "Connect",
+    "ConnectOptions",
     "ConnectionLost",
     "Consumer",
     "ConsumerHalted",
@@ -98,6 +101,7 @@ __all__ = [
     "Transaction",
     "TransactionClosed",
     "TransactionConflict",
+    "UnexpectedType",
     "UniqueViolation",
     "UnitOfWork",
     "UowHooks",

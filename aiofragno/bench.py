@@ -107,10 +107,13 @@ async def _transfer(uow: UnitOfWork) -> None:
     a = uow.find_first("accounts", where=c.owner == f"a{lo:04}")
     b = uow.find_first("accounts", where=c.owner == f"a{hi:04}")
     await uow.retrieve()
+    acc_a, acc_b = a.result, b.result
+    if acc_a is None or acc_b is None:
+        raise LookupError("an account of the transfer does not exist")
     amount = random.randint(1, 10)
-    uow.update("accounts", a.result["id"], {"balance": a.result["balance"] - amount}, check=True)
-    uow.update("accounts", b.result["id"], {"balance": b.result["balance"] + amount}, check=True)
-    uow.create("transfers", {"src": a.result["id"], "dst": b.result["id"], "amount": amount})
+    uow.update("accounts", acc_a["id"], {"balance": acc_a["balance"] - amount}, check=True)
+    uow.update("accounts", acc_b["id"], {"balance": acc_b["balance"] + amount}, check=True)
+    uow.create("transfers", {"src": acc_a["id"], "dst": acc_b["id"], "amount": amount})
 
 
 def _report(

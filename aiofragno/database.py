@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Generator
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from . import runtime
 from .backends import choose_backend, create_dialect
@@ -45,7 +45,7 @@ from .uow.catalog import Catalog
 from .uow.executor import UowHooks
 from .uow.retry import RetryPolicy
 from .uow.unit import UnitOfWork
-from .url import DatabaseURL, Options, parse_url
+from .url import ConnectOptions, DatabaseURL, Options, parse_url
 
 T = TypeVar("T")
 
@@ -108,7 +108,7 @@ class Database(Queries):
     def closed(self) -> bool:
         return self._closed
 
-    def compile(self, query: Any) -> CompiledQuery:
+    def compile(self, query: Fragment) -> CompiledQuery:
         """``query`` (an ``af.sql`` fragment) as SQL text and parameters for
         this database, without running it."""
         return self.compiler.compile(query)
@@ -301,7 +301,7 @@ class Database(Queries):
     ) -> None:
         await self.close()
 
-    async def _run(self, query: Any) -> QueryResult:
+    async def _run(self, query: Fragment) -> QueryResult:
         tx = current_transaction(self)
         if tx is not None:
             return await tx.execute(query)
@@ -420,7 +420,7 @@ class Connect:
     """What ``af.connect`` returns: await it for a :class:`Database`, or use it
     as ``async with af.connect(url) as db`` to close the Database on exit."""
 
-    def __init__(self, url: str, backend: str | None, options: dict[str, Any]) -> None:
+    def __init__(self, url: str, backend: str | None, options: ConnectOptions) -> None:
         self._url = url
         self._backend = backend
         self._options = options
@@ -455,9 +455,12 @@ class Connect:
             await self._db.close()
 
 
-def connect(url: str, *, backend: str | None = None, **options: Any) -> Connect:
+def connect(
+    url: str, *, backend: str | None = None, **options: Unpack[ConnectOptions]
+) -> Connect:
     """Open a :class:`Database` for ``url`` (see :mod:`aiofragno.url` for URL
-    forms and options). ``backend`` picks a driver ("asyncpg", "aiosqlite",
+    forms, and :class:`~aiofragno.url.Options` for what each option in
+    :class:`~aiofragno.ConnectOptions` means). ``backend`` picks a driver ("asyncpg", "aiosqlite",
     "sqlite", "asyncmy"); by default the best one for the URL and the running
     event loop is used. The first connection is opened before this returns,
     so a wrong URL or a server that is down fails here

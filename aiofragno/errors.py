@@ -64,6 +64,13 @@ class RowNotFound(Error):
     Read the row in the retrieval phase to act only when it exists."""
 
 
+class UnexpectedType(Error, TypeError):
+    """A query's result was not of the type the caller asked for:
+    ``fetch_value(query, int)`` got None (no row, or NULL) or a value of
+    another type. What the query did stands (a statement that wrote has
+    written)."""
+
+
 class DatabaseClosed(Error):
     """The :class:`~aiofragno.Database` was closed; open a new one with
     ``af.connect``."""

@@ -277,11 +277,12 @@ class SqlCompiler:
         self._scalars = scalars
         self._quoted: dict[str, str] = {}
 
-    def compile(self, node: Any) -> CompiledQuery:
+    def compile(self, node: Fragment) -> CompiledQuery:
         if not isinstance(node, Fragment):
             raise ValidationError(
-                f"expected an af.sql(...) fragment, got {type(node).__name__}; "
-                "build queries with af.sql so values stay bound parameters"
+                f"expected an af.sql(...) fragment, got {type(node).__name__}: wrap the SQL "
+                "in af.sql(...), with values as {name} parameters so they stay bound "
+                "parameters, e.g. af.sql(\"SELECT * FROM t WHERE id = {id}\", id=id)"
             )
         out: list[str] = []
         params: list[Any] = []

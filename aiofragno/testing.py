@@ -30,7 +30,6 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -38,7 +37,7 @@ from .database import Database, connect
 from .naming import SchemaNaming
 from .schema import Schema
 from .sql import Identifier, sql
-from .url import parse_url
+from .url import ConnectOptions, parse_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +69,14 @@ def aiofragno_schema() -> Schema | None:
 
 
 @pytest.fixture
-def aiofragno_options() -> dict[str, Any]:
+def aiofragno_options() -> ConnectOptions:
     """Override to pass options to ``af.connect`` (e.g. ``{"outbox": True}``)."""
     return {}
 
 
 @pytest.fixture
 async def aiofragno_db(
-    aiofragno_url: str, aiofragno_schema: Schema | None, aiofragno_options: dict[str, Any]
+    aiofragno_url: str, aiofragno_schema: Schema | None, aiofragno_options: ConnectOptions
 ) -> AsyncIterator[Database]:
     """A Database of its own for this test, migrated to ``aiofragno_schema``."""
     token = f"t{uuid.uuid4().hex[:12]}"
@@ -91,7 +90,11 @@ async def aiofragno_db(
         async with connect(aiofragno_url, **aiofragno_options) as db:
             yield await _migrated(db, aiofragno_schema)
         return
-    options = {"naming": PrefixedSchemaNaming(token), "search_path": token, **aiofragno_options}
+    options: ConnectOptions = {
+        "naming": PrefixedSchemaNaming(token),
+        "search_path": token,
+        **aiofragno_options,
+    }
     async with connect(aiofragno_url) as admin:
         await admin.execute(sql("CREATE SCHEMA {s}", s=Identifier(token)))
         try:

@@ -5,14 +5,15 @@
 the path follows the third slash: ``sqlite:///app.db`` is relative,
 ``sqlite:////var/db/app.db`` absolute, ``sqlite:///:memory:`` in memory.
 Query parameters set the options of :class:`Options`; keyword arguments to
-``af.connect`` override them.
+``af.connect`` (typed by :class:`ConnectOptions`) override them.
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal, TypedDict, get_args
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from .errors import ValidationError
@@ -167,6 +168,11 @@ def _sqlite(url: str, parts: SplitResult, backend: str, query: dict[str, str]) -
     return DatabaseURL("sqlite", backend or None, database=database, query=query)
 
 
+NamingName = Literal["suffix", "schema"]
+SqliteTimestamps = Literal["epoch-ms", "iso-text"]
+NaiveDatetimes = Literal["reject", "utc"]
+
+
 @dataclass(frozen=True, slots=True)
 class Options:
     """Connection options (all also accepted as URL query parameters).
@@ -195,20 +201,20 @@ class Options:
     """Replace connections idle longer than this."""
     busy_timeout: float = 5.0
     """SQLite: how long to wait for another process's write lock."""
-    sqlite_timestamps: str = "epoch-ms"
+    sqlite_timestamps: SqliteTimestamps = "epoch-ms"
     """SQLite storage of timestamp columns: "epoch-ms" (integer milliseconds;
     sub-millisecond values are refused) or "iso-text" (microseconds kept)."""
-    naming: str | NamingStrategy | None = None
+    naming: NamingName | NamingStrategy | None = None
     """Where schemas' tables live: "suffix", "schema", your own
     :class:`~aiofragno.naming.NamingStrategy`, or None for the dialect's default."""
     search_path: str | None = None
     """PostgreSQL: the session's search_path (where unqualified tables,
     aiofragno's own included, are created and found)."""
-    naive_datetimes: str = "reject"
+    naive_datetimes: NaiveDatetimes = "reject"
     """Timestamps without a time zone: "reject" (ValidationError) or "utc"
     (taken as UTC)."""
 
-    def merged(self, query: dict[str, str], overrides: dict[str, Any]) -> Options:
+    def merged(self, query: Mapping[str, str], overrides: Mapping[str, object]) -> Options:
         """These options updated from URL ``query`` strings, then ``overrides``."""
         values: dict[str, Any] = {}
         for name, text in query.items():
@@ -233,11 +239,32 @@ class Options:
                 continue
             if not (is_number and value > 0):
                 raise ValidationError(f"{spec.name} must be a positive number, got {value!r}")
-        _check_choice("sqlite_timestamps", self.sqlite_timestamps, ("epoch-ms", "iso-text"))
-        _check_choice("naive_datetimes", self.naive_datetimes, ("reject", "utc"))
+        _check_choice("sqlite_timestamps", self.sqlite_timestamps, get_args(SqliteTimestamps))
+        _check_choice("naive_datetimes", self.naive_datetimes, get_args(NaiveDatetimes))
         for flag in ("pre_ping", "outbox"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValidationError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+
+
+class ConnectOptions(TypedDict, total=False):
+    """The keyword arguments of ``af.connect``: every field of :class:`Options`,
+    each optional and of the field's type (see there for what each means), so
+    that a type checker catches a misspelt option or a value of the wrong type."""
+
+    pool_size: int
+    acquire_timeout: float
+    connect_timeout: float
+    command_timeout: float | None
+    outbox: bool
+    reconnect_deadline: float | None
+    pre_ping: bool
+    max_lifetime: float | None
+    max_idle: float | None
+    busy_timeout: float
+    sqlite_timestamps: SqliteTimestamps
+    naming: NamingName | NamingStrategy | None
+    search_path: str | None
+    naive_datetimes: NaiveDatetimes
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
@@ -267,8 +294,8 @@ def _parse_option(name: str, text: str) -> Any:
             return text.lower() in ("1", "true", "yes", "on")
         if kind == "int":
             return int(text)
-        if kind.startswith("str"):
-            return text
-        return float(text)
+        if kind.startswith("float"):
+            return float(text)
+        return text  # a str, or one of a Literal's strings (checked by _validate)
     except ValueError:
         raise ValidationError(f"connection option {name}={text!r} is not a valid {kind}") from None

@@ -209,8 +209,10 @@ async def verify(db: af.Database, transfers: int, *, outbox: bool = False) -> No
     total = await db.fetch_value(
         af.sql("SELECT SUM({b}) FROM {t}", b=af.Identifier("balance"), t=af.Identifier(*n.accounts))
     )
-    rows = await db.fetch_value(af.sql("SELECT COUNT(*) FROM {t}", t=af.Identifier(*n.transfers)))
-    if int(total) != ACCOUNTS * OPENING_BALANCE or int(rows) != transfers:
+    count = af.sql("SELECT COUNT(*) FROM {t}", t=af.Identifier(*n.transfers))
+    rows = await db.fetch_value(count, int)
+    # (SUM is a Decimal on PostgreSQL and MySQL, an int on SQLite: equal either way.)
+    if total != ACCOUNTS * OPENING_BALANCE or rows != transfers:
         raise AssertionError(
             f"workload broken: balance sum {total} (want {ACCOUNTS * OPENING_BALANCE}), "
             f"{rows} transfer rows (want {transfers})"
@@ -253,6 +255,8 @@ def transfer_unit(
         await uow.retrieve()
         ra = a.result if rows is None else rows[lo]
         rb = b.result if rows is None else rows[hi]
+        if ra is None or rb is None:
+            raise LookupError("an account of the transfer does not exist")
         uow.update("accounts", ra["id"], {"balance": ra["balance"] - amount}, check=True)
         uow.update("accounts", rb["id"], {"balance": rb["balance"] + amount}, check=True)
         uow.create("transfers", {"src": ra["id"], "dst": rb["id"], "amount": amount})

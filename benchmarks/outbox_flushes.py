@@ -42,7 +42,7 @@ STATS_DELAY = 1.1
 
 async def _wal_syncs(admin: af.Database) -> int:
     await asyncio.sleep(STATS_DELAY)
-    return int(await admin.fetch_value(af.sql(WAL_SYNC)))
+    return await admin.fetch_value(af.sql(WAL_SYNC), int)
 
 
 async def _set_commit(admin: af.Database, database: str, setting: str | None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import pytest
 
@@ -323,6 +323,29 @@ def test_query_string_coercion(query: dict[str, str], expected: dict[str, Any]) 
         assert getattr(options, name) == getattr(DEFAULTS, name)
 
 
+def test_connect_options_type_every_option() -> None:
+    """af.connect's keyword arguments (ConnectOptions) are exactly the Options
+    fields, each optional and of the field's type: a new option goes in both."""
+    assert get_type_hints(af.ConnectOptions) == get_type_hints(Options), (
+        "add every Options field to ConnectOptions (aiofragno/url.py), with the same type"
+    )
+    assert af.ConnectOptions.__required_keys__ == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("name", "good", "bad"),
+    [("sqlite_timestamps", "iso-text", "iso"), ("naive_datetimes", "utc", "UTC")],
+)
+def test_choice_options_take_their_literal_values(name: str, good: str, bad: str) -> None:
+    """The Literal type of a choice option is what is checked at run time too,
+    from the URL as from a keyword."""
+    assert getattr(DEFAULTS.merged({name: good}, {}), name) == good
+    assert getattr(DEFAULTS.merged({}, {name: good}), name) == good
+    for query, overrides in (({name: bad}, {}), ({}, {name: bad})):
+        with pytest.raises(af.ValidationError, match=f"{name} must be one of"):
+            DEFAULTS.merged(query, overrides)
+
+
 def test_merged_does_not_modify_the_original() -> None:
     base = Options()
     changed = base.merged({"pool_size": "2"}, {"max_idle": None})
@@ -524,7 +547,7 @@ async def test_connect_bad_url(url: str) -> None:
 @pytest.mark.anyio
 async def test_connect_unknown_option_in_keyword(sqlite_url: str) -> None:
     with pytest.raises(af.ValidationError, match="did you mean 'pool_size'"):
-        await af.connect(sqlite_url, pool_sise=2)
+        await af.connect(sqlite_url, pool_sise=2)  # type: ignore[call-arg]
 
 
 @pytest.mark.anyio
@@ -547,7 +570,7 @@ async def test_connect_validates_options_before_connecting() -> None:
     # shows the options were checked first.
     url = f"postgresql://postgres@127.0.0.1:{_refused_port()}/test"
     with pytest.raises(af.ValidationError, match="pool_size"):
-        await af.connect(url, pool_sise=3)
+        await af.connect(url, pool_sise=3)  # type: ignore[call-arg]
     with pytest.raises(af.ValidationError, match="backend"):
         await af.connect(url, backend="nosuch")
 
@@ -633,4 +656,4 @@ async def test_connect_busy_timeout_none(tmp_path: Path) -> None:
     the first connection opens (sqlite3.connect: "must be real number, not
     NoneType", reported as a DatabaseError)."""
     with pytest.raises(af.ValidationError, match="busy_timeout"):
-        await af.connect(f"sqlite:///{tmp_path}/x.db", busy_timeout=None)
+        await af.connect(f"sqlite:///{tmp_path}/x.db", busy_timeout=None)  # type: ignore[arg-type]

@@ -124,10 +124,8 @@ class Consumer:
         cursor = await self.position()
         vs = Identifier("versionstamp")
         where = sql_using("") if cursor is None else sql_using("WHERE {vs} > {c}", vs=vs, c=cursor)
-        return int(
-            await self._db.fetch_value(
-                sql_using("SELECT COUNT(*) FROM {t} {w}", t=OUTBOX_ID, w=where)
-            )
+        return await self._db.fetch_value(
+            sql_using("SELECT COUNT(*) FROM {t} {w}", t=OUTBOX_ID, w=where), int
         )
 
     async def dead_letters(self) -> list[DeadLetter]:

@@ -198,7 +198,7 @@ class Lease:
         """Whether the cursor is at or past ``versionstamp`` (read afresh)."""
         query = self._query("SELECT {cursor} FROM {t} WHERE {name} = {n}")
         cursor = await ride_out(self.db, self.what, lambda: self.db.fetch_value(query))
-        if cursor is not None and cursor >= versionstamp:
+        if isinstance(cursor, str) and cursor >= versionstamp:  # (None: nothing delivered yet)
             self.cursor = cursor
             return True
         return False

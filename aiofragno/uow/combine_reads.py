@@ -20,7 +20,7 @@ from .ops import Count, RetrievalOp
 
 
 def combine_reads(
-    catalog: Catalog, ops: Sequence[RetrievalOp], queries: Sequence[CompiledQuery]
+    catalog: Catalog, ops: Sequence[RetrievalOp[object]], queries: Sequence[CompiledQuery]
 ) -> CompiledQuery | None:
     """The one statement running the reads ``ops`` (compiled as ``queries``),
     or None where they go as a batch (a single read, or a dialect without
@@ -39,7 +39,7 @@ def combine_reads(
 def _combined_sql(
     catalog: Catalog,
     template: str,
-    ops: Sequence[RetrievalOp],
+    ops: Sequence[RetrievalOp[object]],
     queries: Sequence[CompiledQuery],
 ) -> str:
     parts: list[str] = []
@@ -58,7 +58,7 @@ def _combined_sql(
     return f"SELECT {', '.join(parts)}"
 
 
-def split_reads(ops: Sequence[RetrievalOp], result: QueryResult) -> list[list[Sequence[Any]]]:
+def split_reads(ops: Sequence[RetrievalOp[object]], result: QueryResult) -> list[list[Sequence[Any]]]:
     """Each read's rows (value sequences) from the combined statement's one row."""
     values = result.rows[0]._values
     return [

@@ -16,7 +16,8 @@ import hashlib
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from enum import Enum
+from typing import Any, Generic, NoReturn, TypeVar
 
 from .. import tagged_json
 from ..brief import brief
@@ -27,7 +28,12 @@ from .catalog import Catalog, TableInfo
 from .context import Compiling, bind, row_id
 from .expr import Expr, equalities, where_expr
 
-_NOT_RETRIEVED = object()
+
+class _Missing(Enum):
+    NOT_RETRIEVED = 0
+
+
+ResultT = TypeVar("ResultT", covariant=True)
 
 
 def compile_cached(
@@ -114,21 +120,22 @@ class FindResult(list[dict[str, Any]]):
     cursor: str | None = None
 
 
-class RetrievalOp(ABC):
+class RetrievalOp(ABC, Generic[ResultT]):
     """A queued read. ``result`` is available after ``await uow.retrieve()``."""
 
     def __init__(self, table: TableInfo) -> None:
         self.table = table
-        self._result: Any = _NOT_RETRIEVED
+        self._result: ResultT | _Missing = _Missing.NOT_RETRIEVED
 
     @property
-    def result(self) -> Any:
-        if self._result is _NOT_RETRIEVED:
+    def result(self) -> ResultT:
+        result = self._result
+        if result is _Missing.NOT_RETRIEVED:
             raise ValidationError(
                 f"the result of this {type(self).__name__} on {self.table.name!r} is not there yet: "
                 "await uow.retrieve() first"
             )
-        return self._result
+        return result
 
     @abstractmethod
     def compile(self, catalog: Catalog) -> CompiledQuery:
@@ -187,7 +194,9 @@ def _order_item(table: TableInfo, item: Any) -> tuple[str, bool]:
     return name, direction == "desc"
 
 
-class Find(RetrievalOp):
+class ReadRows(RetrievalOp[ResultT]):
+    """A read of rows; :class:`Find` and :class:`FindFirst` say what its result is."""
+
     def __init__(
         self,
         table: TableInfo,
@@ -218,7 +227,6 @@ class Find(RetrievalOp):
         if limit is not None:
             _check_pageable(table, self.order)
         self.limit = 1 if first else limit
-        self.first = first
         self.after = (
             None
             if after is None
@@ -314,20 +322,19 @@ class Find(RetrievalOp):
         )
         return CompiledQuery(cached_text(catalog, table, key, self.render), tuple(params))
 
+
+class Find(ReadRows[FindResult]):
+    """``uow.find(...)``: ``result`` is the page of rows."""
+
     def accept(self, rows: Sequence[Sequence[Any]]) -> None:
-        decode = self.table.decode
-        decoded = [decode(values) for values in rows]
-        if self.first:
-            self._result = decoded[0] if decoded else None
-            return
-        page = FindResult(decoded)
-        if self.limit is not None and len(decoded) > self.limit:
+        page = FindResult(map(self.table.decode, rows))
+        if self.limit is not None and len(page) > self.limit:
             del page[self.limit :]
             page.cursor = self._cursor_after(page[-1])
         self._result = page
 
     def empty(self) -> None:
-        self._result = None if self.first else FindResult()
+        self._result = FindResult()
 
     def _cursor_after(self, row: dict[str, Any]) -> str | None:
         for name, _ in self.order:
@@ -337,6 +344,21 @@ class Find(RetrievalOp):
         values.append(row[EXTERNAL_ID].internal_id)
         payload = tagged_json.dumps({"k": self._cursor_key(), "v": values})
         return base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
+
+
+class FindFirst(ReadRows[dict[str, Any] | None]):
+    """``uow.find_first(...)``: ``result`` is the first row, or None."""
+
+    def __init__(
+        self, table: TableInfo, where: Expr | Mapping[str, Any] | None, order_by: Any
+    ) -> None:
+        super().__init__(table, where, order_by, None, None, first=True)
+
+    def accept(self, rows: Sequence[Sequence[Any]]) -> None:
+        self._result = self.table.decode(rows[0]) if rows else None
+
+    def empty(self) -> None:
+        self._result = None
 
 
 def _decode_cursor(cursor: Any, key: str, width: int) -> list[Any]:
@@ -365,7 +387,9 @@ def _decode_cursor(cursor: Any, key: str, width: int) -> list[Any]:
 _BIGINT = (-(2**63), 2**63 - 1)  # the range of an internal id
 
 
-class Count(RetrievalOp):
+class Count(RetrievalOp[int]):
+    """``uow.count(...)``: ``result`` is the number of matching rows."""
+
     def __init__(self, table: TableInfo, where: Expr | Mapping[str, Any] | None) -> None:
         super().__init__(table)
         self.where = where_expr(where)

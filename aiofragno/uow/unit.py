@@ -10,10 +10,10 @@ from ..schema import RowId
 from .catalog import Catalog
 from .combine_reads import combine_reads, split_reads
 from .expr import Expr
-from .ops import Check, Count, Create, Delete, Find, MutationOp, RetrievalOp, Update
+from .ops import Check, Count, Create, Delete, Find, FindFirst, MutationOp, RetrievalOp, Update
 
 Where = Expr | Mapping[str, Any] | None
-R = TypeVar("R", bound=RetrievalOp)
+R = TypeVar("R", bound=RetrievalOp[object])
 Reader = Callable[[Sequence[CompiledQuery]], Awaitable[list[QueryResult]]]
 
 
@@ -41,7 +41,7 @@ class UnitOfWork:
         self.uow_id = uow_id
         self._dry_run = dry_run
         self._on_query = on_query
-        self._reads: list[RetrievalOp] = []
+        self._reads: list[RetrievalOp[object]] = []
         self.mutations: list[MutationOp] = []
         # The outbox entry's versionstamp once the mutation phase committed.
         self.versionstamp: str | None = None
@@ -62,11 +62,9 @@ class UnitOfWork:
         columns that may be NULL give no cursor."""
         return self._queue(Find(self._catalog.table(table), where, order_by, limit, after))
 
-    def find_first(self, table: str, where: Where = None, order_by: Any = None) -> Find:
+    def find_first(self, table: str, where: Where = None, order_by: Any = None) -> FindFirst:
         """The first matching row, or None."""
-        return self._queue(
-            Find(self._catalog.table(table), where, order_by, None, None, first=True)
-        )
+        return self._queue(FindFirst(self._catalog.table(table), where, order_by))
 
     def count(self, table: str, where: Where = None) -> Count:
         """How many rows match ``where``."""

@@ -302,6 +302,45 @@ async def test_rows_are_mappings(db: af.Database) -> None:
     assert await db.fetch_value(af.sql("SELECT 1 AS a WHERE 1 = 0")) is None
 
 
+async def test_sql_text_is_refused_before_it_is_sent(db: af.Database) -> None:
+    """Only af.sql fragments are queries (so values stay bound parameters): a
+    str or anything else is a ValidationError that says how to write it, and
+    nothing reaches the database — a transaction it was sent in goes on."""
+    wrap = r"got (str|int): wrap the SQL in af\.sql\(\.\.\.\)"
+    for method in (db.fetch, db.fetch_one, db.fetch_value, db.execute):
+        with pytest.raises(af.ValidationError, match=wrap):
+            await method("SELECT 1")  # type: ignore[arg-type, call-overload]
+    with pytest.raises(af.ValidationError, match=wrap):
+        await db.execute(123)  # type: ignore[arg-type]
+    async with db.transaction() as tx:
+        with pytest.raises(af.ValidationError, match=wrap):
+            await tx.execute("SELECT 1")  # type: ignore[arg-type]
+        assert await tx.fetch_value(af.sql("SELECT 1")) == 1
+
+
+async def test_fetch_value_of_a_type(db: af.Database, tables: Tables) -> None:
+    """fetch_value(query, kind) returns the value when it is a ``kind`` and
+    raises UnexpectedType (naming what came, never the value) when it is not."""
+    table = await make_table(db, tables, {"i": "integer"})
+    await insert(db, table, {"i": 7})
+    count = await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table), int)
+    assert (count, type(count)) == (1, int)
+    assert await db.fetch_value(af.sql("SELECT {v}", v="x"), str) == "x"
+    async with db.transaction() as tx:
+        assert await tx.fetch_value(af.sql("SELECT i FROM {t}", t=table), int) == 7
+    cases = [
+        (af.sql("SELECT i FROM {t} WHERE i = 8", t=table), "got no row"),
+        (af.sql("SELECT NULL"), "got NULL"),
+        (af.sql("SELECT {v}", v="secret-value"), "got a str"),
+    ]
+    for query, got in cases:
+        with pytest.raises(af.UnexpectedType, match=rf"fetch_value\(query, int\) {got}") as info:
+            await db.fetch_value(query, int)
+        assert isinstance(info.value, TypeError)
+        assert "secret-value" not in str(info.value)
+    assert await db.fetch_value(af.sql("SELECT NULL")) is None  # without a type: anything
+
+
 async def test_transaction_commits(db: af.Database, tables: Tables) -> None:
     table = await make_table(db, tables, {"i": "integer"})
     async with db.transaction() as tx:
@@ -405,7 +444,7 @@ async def test_concurrent_transactions_serialize_correctly(db: af.Database, tabl
 
     async def bump() -> None:
         async with db.transaction() as tx:
-            n = await tx.fetch_value(af.sql("SELECT n FROM {t}" + lock, t=table))
+            n = await tx.fetch_value(af.sql("SELECT n FROM {t}" + lock, t=table), int)
             await tx.execute(af.sql("UPDATE {t} SET n = {n}", t=table, n=n + 1))
 
     async with anyio.create_task_group() as tg:
@@ -419,7 +458,7 @@ async def test_200_concurrent_queries_over_a_pool_of_5(db: af.Database) -> None:
     results: list[int] = []
 
     async def one(i: int) -> None:
-        results.append(await db.fetch_value(af.sql("SELECT {i} + 0 AS v", i=i)))
+        results.append(await db.fetch_value(af.sql("SELECT {i} + 0 AS v", i=i), int))
 
     async with anyio.create_task_group() as tg:
         for i in range(200):
@@ -597,7 +636,7 @@ async def test_deadlock_is_mapped(db: af.Database, tables: Tables) -> None:
     assert len(errors) == 1, outcomes
     assert isinstance(errors[0], af.DeadlockDetected)
     total = await db.fetch_value(af.sql("SELECT sum(n) FROM {t}", t=table))
-    assert int(total) == 2  # the survivor's two updates, none of the victim's
+    assert total == 2  # the survivor's two updates, none of the victim's (MySQL: a Decimal)
 
 
 async def test_now_is_aware_utc(db: af.Database) -> None:

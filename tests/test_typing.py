@@ -1,0 +1,157 @@
+"""The public API as a user's type checker sees it: ``mypy --strict`` over
+small programs. README-style code must pass, with the types it states
+(``assert_type``); each line marked ``# E: <text>`` must be an error whose
+message contains ``<text>``, and no other line may be one.
+
+One mypy run over all the programs (in a private cache directory): mypy
+takes seconds, not the tests around it.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import mypy.api
+import pytest
+
+import aiofragno
+
+# README-style use: must type-check under --strict, with these types.
+GOOD = """
+from typing import Any, assert_type
+
+import aiofragno as af
+from aiofragno.naming import NamingStrategy
+
+
+async def raw_sql(db: af.Database) -> None:
+    q = af.sql("SELECT count(*) FROM {t}", t=af.Identifier("accounts_shop"))
+    assert_type(await db.fetch(q), list[af.Row])
+    assert_type(await db.fetch_one(q), af.Row | None)
+    assert_type(await db.fetch_value(q), object)
+    assert_type(await db.fetch_value(q, int), int)
+    assert_type(await db.execute(q), af.QueryResult)
+    async with db.transaction() as tx:
+        assert_type(await tx.fetch_value(q, str), str)
+        await tx.execute(af.sql("UPDATE t SET a = {a}", a=1) + af.sql(" WHERE b = {b}", b=2))
+    n = await db.fetch_value(q, int)
+    print(n + 1)
+    if (value := await db.fetch_value(q)) is not None:
+        print(str(value))
+
+
+async def connecting(naming: NamingStrategy) -> None:
+    db = await af.connect("sqlite:///app.db")
+    assert_type(db, af.Database)
+    await af.connect("postgresql://postgres@localhost/app", pool_size=20, command_timeout=None)
+    await af.connect("sqlite:///app.db", backend="aiosqlite", acquire_timeout=5, pre_ping=True)
+    await af.connect("sqlite:///app.db", naming="suffix", sqlite_timestamps="iso-text")
+    await af.connect("postgresql:///app", naming=naming, naive_datetimes="utc", search_path="s")
+    options: af.ConnectOptions = {"outbox": True, "max_idle": None}
+    async with af.connect("sqlite:///app.db", **options) as db:
+        assert_type(db, af.Database)
+
+
+async def transfer(uow: af.UnitOfWork) -> af.RowId:
+    a = uow.find_first("accounts", where={"owner": "alice"})
+    b = uow.find_first("accounts", where=af.c.owner == "bob")
+    page = uow.find("accounts", order_by="owner", limit=10)
+    n = uow.count("accounts")
+    await uow.retrieve()
+    acc_a, acc_b = a.result, b.result
+    assert_type(acc_a, dict[str, Any] | None)
+    assert_type(page.result, af.FindResult)
+    assert_type(page.result.cursor, str | None)
+    assert_type(n.result, int)
+    if acc_a is None or acc_b is None:
+        raise LookupError("no such account")
+    uow.update("accounts", acc_a["id"], {"balance": acc_a["balance"] - 5}, check=True)
+    return uow.create("transfers", {"src": acc_a["id"], "dst": acc_b["id"], "n": n.result + 1})
+"""
+
+# Each marked line must be an error containing the marker's text.
+BAD = """
+import aiofragno as af
+
+
+async def raw_sql(db: af.Database, tx: af.Transaction) -> None:
+    await db.fetch("SELECT 1")  # E: "str"; expected "Fragment"
+    await db.execute(123)  # E: "int"; expected "Fragment"
+    await db.fetch_one("SELECT 1")  # E: expected "Fragment"
+    await db.fetch_value("SELECT 1")  # E: No overload variant of "fetch_value" of "Queries"
+    await tx.execute("DELETE FROM t")  # E: expected "Fragment"
+    print((await db.fetch_value(af.sql("SELECT 1"))) + 1)  # E: "object" and "int"
+    (await db.fetch_value(af.sql("SELECT 1"), int)).upper()  # E: "int" has no attribute "upper"
+
+
+async def connecting(url: str) -> None:
+    await af.connect(url, pool_sise=3)  # E: Unexpected keyword argument "pool_sise"
+    await af.connect(url, pool_size="3")  # E: "pool_size" to "connect" has incompatible type "str"; expected "int"
+    await af.connect(url, acquire_timeout=None)  # E: "acquire_timeout" to "connect" has incompatible type "None"
+    await af.connect(url, naming="suffixes")  # E: "naming" to "connect" has incompatible type "Literal['suffixes']"
+    await af.connect(url, sqlite_timestamps="iso")  # E: "sqlite_timestamps" to "connect" has incompatible type "Literal['iso']"
+    await af.connect(url, backend=1)  # E: "backend" to "connect" has incompatible type "int"
+
+
+async def reads(uow: af.UnitOfWork) -> None:
+    first = uow.find_first("accounts")
+    n = uow.count("accounts")
+    await uow.retrieve()
+    first.result["id"]  # E: "dict[str, Any] | None" is not indexable
+    n.result + "1"  # E: Unsupported operand types for + ("int" and "str")
+"""
+
+MARK = re.compile(r"#\s*E:\s*(.+)$")
+ERROR = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+): error: (?P<message>.*)$")
+
+
+@pytest.fixture(scope="module")
+def mypy_errors(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], str]:
+    """mypy --strict's errors for GOOD and BAD, by (file, line): this
+    checkout's aiofragno (not an installed one) comes first on mypy's path."""
+    tmp = tmp_path_factory.mktemp("typing")
+    for name, text in (("good", GOOD), ("bad", BAD)):
+        (tmp / f"{name}.py").write_text(textwrap.dedent(text))
+    source_root = Path(aiofragno.__file__).resolve().parent.parent
+    config = tmp / "mypy.ini"
+    config.write_text(
+        "[mypy]\n"
+        "strict = True\n"
+        "python_version = 3.11\n"
+        f"cache_dir = {tmp / 'cache'}\n"
+        f"mypy_path = {source_root}\n"
+        # aiofragno itself is checked by CI's own mypy run: report only the programs.
+        "[mypy-aiofragno.*]\n"
+        "follow_imports = silent\n"
+    )
+    out, err, status = mypy.api.run(
+        ["--config-file", str(config), str(tmp / "good.py"), str(tmp / "bad.py")]
+    )
+    assert status in (0, 1), f"mypy failed to run:\n{out}\n{err}"
+    errors: dict[tuple[str, int], str] = {}
+    for line in out.splitlines():
+        match = ERROR.match(line)
+        if match:
+            key = (Path(match["file"]).stem, int(match["line"]))
+            errors[key] = errors.get(key, "") + match["message"]
+    return errors
+
+
+def test_readme_style_code_type_checks(mypy_errors: dict[tuple[str, int], str]) -> None:
+    good = {line: message for (file, line), message in mypy_errors.items() if file == "good"}
+    assert good == {}
+
+
+def test_misuse_is_a_type_error(mypy_errors: dict[tuple[str, int], str]) -> None:
+    lines = textwrap.dedent(BAD).splitlines()
+    expected = {
+        number: match[1].strip()
+        for number, text in enumerate(lines, start=1)
+        if (match := MARK.search(text))
+    }
+    bad = {line: message for (file, line), message in mypy_errors.items() if file == "bad"}
+    assert set(bad) == set(expected), (bad, expected)
+    for number, text in expected.items():
+        assert text in bad[number], (lines[number - 1], bad[number])

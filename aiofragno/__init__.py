@@ -35,6 +35,7 @@ from .errors import (
     UniqueViolation,
     ValidationError,
     WouldDeadlock,
+    WrongEventLoop,
 )
 from .migrate import MigrationResult
 from .outbox import Consumer, ConsumerHalted, DeadLetter, OutboxEntry
@@ -103,6 +104,7 @@ __all__ = [
     "UowHooks",
     "ValidationError",
     "WouldDeadlock",
+    "WrongEventLoop",
     "c",
     "connect",
     "sql",

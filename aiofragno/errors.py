@@ -86,6 +86,13 @@ class WouldDeadlock(Error):
     transaction holds)."""
 
 
+class WrongEventLoop(Error):
+    """A :class:`~aiofragno.Database` was used from an event loop other than
+    the one it was opened in. Its connections belong to that loop (asyncpg's
+    and asyncmy's sockets, the pool's locks), so nothing was sent: open the
+    Database in the loop that uses it."""
+
+
 class DatabaseError(Error):
     """An error reported by the database or its driver.
 

@@ -1,0 +1,16 @@
+"""Run with neither pytest-asyncio nor anyio's plugin."""
+
+import aiofragno as af
+
+
+def test_plain_test_is_unaffected(aiofragno_url: str, aiofragno_schema: af.Schema | None) -> None:
+    assert aiofragno_url.startswith("sqlite:///")
+    assert aiofragno_schema is None
+
+
+async def test_async_without_a_plugin(aiofragno_db: af.Database) -> None:
+    pass
+
+
+def test_sync(aiofragno_db: af.Database) -> None:
+    pass

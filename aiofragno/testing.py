@@ -52,6 +52,13 @@ try:
 except ImportError:  # an optional runner: anyio's plugin may be the one in use
     pytest_asyncio = None  # type: ignore[assignment]
 
+# Fixture loop scopes came with pytest-asyncio 0.24; older ones cannot run a
+# fixture in a module's or session's loop, so they are left alone.
+_PYTEST_ASYNCIO = (
+    pytest_asyncio is not None
+    and "loop_scope" in inspect.signature(pytest_asyncio.fixture).parameters
+)
+
 LoopScope = Literal["session", "package", "module", "class", "function"]
 
 
@@ -102,16 +109,17 @@ def aiofragno_db(request: pytest.FixtureRequest) -> Database:
 def _database_fixture_for(request: pytest.FixtureRequest) -> str:
     """The name of the fixture that opens the Database in ``request``'s test loop."""
     item = request.node
-    if pytest_asyncio is not None and pytest_asyncio.is_async_test(item):
-        if not _ASYNCIO_FIXTURES:
-            pytest.fail(
-                "aiofragno_db needs pytest-asyncio 0.24 or later (loop_scope): "
-                "pip install -U pytest-asyncio",
-                pytrace=False,
-            )
+    if _PYTEST_ASYNCIO and pytest_asyncio.is_async_test(item):
         return f"_aiofragno_db_asyncio_{_asyncio_loop_scope(item)}"
     if "anyio_backend" in request.fixturenames:
         return "_aiofragno_db_anyio"
+    if item.get_closest_marker("asyncio") is not None:
+        pytest.fail(
+            f"aiofragno_db: {item.name} is marked asyncio, but no pytest-asyncio 0.24 or "
+            "later runs it: pip install -U 'pytest-asyncio>=0.24' (and do not disable it "
+            "with -p no:asyncio)",
+            pytrace=False,
+        )
     pytest.fail(
         f"aiofragno_db: {item.name} is not run by an async test plugin, so there is no "
         "event loop to open the Database in. Make it an async test and mark it "
@@ -175,11 +183,6 @@ def _database_fixture() -> Callable[..., AsyncIterator[Database]]:
 # pytest-asyncio test uses ``anyio_backend``).
 _aiofragno_db_anyio = pytest.fixture(name="_aiofragno_db_anyio")(_database_fixture())
 
-_ASYNCIO_FIXTURES = (
-    pytest_asyncio is not None
-    and "loop_scope" in inspect.signature(pytest_asyncio.fixture).parameters
-)
-
 
 def _asyncio_fixture(loop_scope: LoopScope) -> Any:
     assert pytest_asyncio is not None
@@ -187,7 +190,7 @@ def _asyncio_fixture(loop_scope: LoopScope) -> Any:
     return pytest_asyncio.fixture(loop_scope=loop_scope, name=name)(_database_fixture())
 
 
-if _ASYNCIO_FIXTURES:
+if _PYTEST_ASYNCIO:
     _aiofragno_db_asyncio_function = _asyncio_fixture("function")
     _aiofragno_db_asyncio_class = _asyncio_fixture("class")
     _aiofragno_db_asyncio_module = _asyncio_fixture("module")

@@ -1,5 +1,7 @@
 """Run with neither pytest-asyncio nor anyio's plugin."""
 
+import pytest
+
 import aiofragno as af
 
 
@@ -13,4 +15,9 @@ async def test_async_without_a_plugin(aiofragno_db: af.Database) -> None:
 
 
 def test_sync(aiofragno_db: af.Database) -> None:
+    pass
+
+
+@pytest.mark.asyncio
+async def test_marked_for_pytest_asyncio(aiofragno_db: af.Database) -> None:
     pass

@@ -26,7 +26,6 @@ from .errors import (
     ProgrammingError,
     QueryCanceled,
     ValidationError,
-    WrongEventLoop,
 )
 from .lost_session import end_session
 from .migrate import Ddl, MigrationResult
@@ -69,7 +68,6 @@ class Database(Queries):
         self.compiler = dialect.create_query_compiler()
         self._driver = dialect.create_driver()
         self._closed = False
-        self._loop: object = None  # the event loop it was opened in (see open)
         self.codec = ValueCodec(self.adapter.storage, naive_datetimes=options.naive_datetimes)
         self.naming = resolve_naming(options.naming or self.adapter.default_naming)
         if options.naming == "schema" and not self.adapter.ddl.create_schema_sql:
@@ -341,7 +339,6 @@ class Database(Queries):
         with shared_deadline(self.options.reconnect_deadline if wait else None) as deadline:
             if not wait:
                 deadline = Deadline(None)
-            self._check_loop()
             while True:
                 self._check_open()
                 try:
@@ -388,7 +385,6 @@ class Database(Queries):
 
     async def open(self) -> None:
         """Open the first connection, so a bad URL or a dead server fails now."""
-        self._loop = runtime.running_loop()
         try:
             await self._driver.init()
         except Error:
@@ -412,16 +408,6 @@ class Database(Queries):
     def _check_open(self) -> None:
         if self._closed:
             raise DatabaseClosed(f"{self!r} is closed; open a new one with af.connect()")
-
-    def _check_loop(self) -> None:
-        # Caught here, a loop mix-up names itself; at the driver it surfaces
-        # as "attached to a different loop", or a hang.
-        if runtime.running_loop() is not self._loop:
-            raise WrongEventLoop(
-                f"{self!r} was opened in another event loop, and its connections belong "
-                "to that loop; open the Database in the loop that uses it (under "
-                "pytest-asyncio: give the fixture that opens it the test's loop_scope)"
-            )
 
 
 def _is_select(sql: str) -> bool:

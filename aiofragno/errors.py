@@ -87,10 +87,9 @@ class WouldDeadlock(Error):
 
 
 class WrongEventLoop(Error):
-    """A :class:`~aiofragno.Database` was used from an event loop other than
-    the one it was opened in. Its connections belong to that loop (asyncpg's
-    and asyncmy's sockets, the pool's locks), so nothing was sent: open the
-    Database in the loop that uses it."""
+    """A :class:`~aiofragno.Database` whose connections belong to the asyncio
+    loop that opened them (asyncpg's and asyncmy's) was used from another
+    loop; nothing was sent. Open the Database in the loop that uses it."""
 
 
 class DatabaseError(Error):

@@ -28,8 +28,9 @@ async def texts(db: af.Database) -> list[str]:
 
 async def check(db: af.Database, dialect: str, seeded: tuple[str, ...] = ()) -> None:
     """``db`` is on ``dialect``, migrated, holds only ``seeded`` and works in
-    this loop (a Database from another loop raises WrongEventLoop). Records
-    where its data lives, so the outer test can see it was dropped."""
+    this loop (on PostgreSQL and MySQL a Database from another loop raises
+    WrongEventLoop). Records where its data lives, so the outer test can see
+    it was dropped."""
     assert db.name == dialect
     record(db)
     assert await texts(db) == list(seeded)

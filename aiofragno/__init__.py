@@ -36,6 +36,7 @@ from .errors import (
     UniqueViolation,
     ValidationError,
     WouldDeadlock,
+    WrongEventLoop,
 )
 from .migrate import MigrationResult
 from .outbox import Consumer, ConsumerHalted, DeadLetter, OutboxEntry
@@ -107,6 +108,7 @@ __all__ = [
     "UowHooks",
     "ValidationError",
     "WouldDeadlock",
+    "WrongEventLoop",
     "c",
     "connect",
     "sql",

@@ -93,6 +93,12 @@ class WouldDeadlock(Error):
     transaction holds)."""
 
 
+class WrongEventLoop(Error):
+    """A :class:`~aiofragno.Database` whose connections belong to the asyncio
+    loop that opened them (asyncpg's and asyncmy's) was used from another
+    loop; nothing was sent. Open the Database in the loop that uses it."""
+
+
 class DatabaseError(Error):
     """An error reported by the database or its driver.
 

@@ -16,7 +16,7 @@ from typing import Literal
 
 from . import runtime
 from .driver import Connection, DialectAdapter, IsolationLevel, QueryCompiler
-from .errors import DatabaseClosed, PoolTimeout
+from .errors import DatabaseClosed, PoolTimeout, WrongEventLoop
 from .slots import Slots
 from .url import Options
 
@@ -52,7 +52,10 @@ class Pool:
       :class:`PoolTimeout`;
     * a connection released with ``discard=True`` is closed, never reused;
     * after ``close()``, ``acquire`` raises :class:`DatabaseClosed` and
-      connections still in use are closed when they come back.
+      connections still in use are closed when they come back;
+    * with ``bound_to_loop`` (connections that belong to the event loop that
+      opened them), ``acquire`` from another loop than the first one's raises
+      :class:`WrongEventLoop` before anything is sent.
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class Pool:
         max_lifetime: float | None = None,
         max_idle: float | None = None,
         pre_ping: bool = False,
+        bound_to_loop: bool = False,
     ) -> None:
         self._connect = connect
         self.size = size
@@ -75,6 +79,8 @@ class Pool:
         self._idle: list[_Idle] = []
         self._in_use: dict[Connection, float] = {}
         self._closed = False
+        self._bound_to_loop = bound_to_loop
+        self._loop: object = None  # of the first acquire (the Database's open)
 
     @property
     def stats(self) -> PoolStats:
@@ -82,6 +88,8 @@ class Pool:
 
     async def acquire(self) -> Connection:
         self._check_open()
+        if self._bound_to_loop:
+            self._check_loop()
         if not await self._slots.acquire():
             raise PoolTimeout(
                 f"no connection free after {self._acquire_timeout}s "
@@ -119,6 +127,19 @@ class Pool:
     def _check_open(self) -> None:
         if self._closed:
             raise DatabaseClosed("the database was closed; open a new one with af.connect()")
+
+    def _check_loop(self) -> None:
+        # Caught here, a loop mix-up names itself; in the driver it surfaces as
+        # "attached to a different loop", or as a hang.
+        loop = runtime.running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            raise WrongEventLoop(
+                "this Database was opened in another event loop, and its connections "
+                "belong to that loop; open the Database in the loop that uses it (under "
+                "pytest-asyncio: give the fixture that opens it the test's loop_scope)"
+            )
 
     async def _checkout(self) -> tuple[Connection, float]:
         while self._idle:
@@ -202,6 +223,9 @@ class PooledDialect:
     pool_size: int
     # False for SQLite :memory:, whose data lives only as long as its connection.
     recycle: bool = True
+    # True where a connection belongs to the asyncio loop that opened it
+    # (asyncpg's, asyncmy's): the Database is then refused in other loops.
+    bound_to_loop: bool = False
 
     def create_driver(self) -> PooledDriver:
         options = self.options
@@ -213,6 +237,7 @@ class PooledDialect:
                 max_lifetime=options.max_lifetime if self.recycle else None,
                 max_idle=options.max_idle if self.recycle else None,
                 pre_ping=options.pre_ping,
+                bound_to_loop=self.bound_to_loop,
             )
         )
 

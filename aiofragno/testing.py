@@ -3,7 +3,7 @@
 Loaded automatically when aiofragno is installed (a ``pytest11`` entry point).
 Point it at a server with ``AIOFRAGNO_TEST_URL`` (default: a SQLite file in
 the test's temporary directory), tell it your schema, and ask for
-``aiofragno_db``::
+``aiofragno_db`` from a test that pytest-asyncio or anyio runs::
 
     import pytest, aiofragno as af
     from myapp.db import shop
@@ -12,24 +12,32 @@ the test's temporary directory), tell it your schema, and ask for
     def aiofragno_schema():
         return shop
 
-    @pytest.mark.anyio
+    @pytest.mark.asyncio              # or @pytest.mark.anyio
     async def test_transfer(aiofragno_db: af.Database):
         await aiofragno_db.execute_uow(my_unit, schema=shop)
+
+The Database is opened in the event loop the test runs in (its connections
+belong to that loop): under pytest-asyncio the loop of the test's
+``loop_scope``, under anyio the test's backend (asyncio or trio). It is
+closed, and its data dropped, when the test ends.
 
 Isolation per test: SQLite gets a fresh file; PostgreSQL a private schema
 (the session's search_path, where aiofragno's own tables go) plus one schema per
 namespace prefixed with the same token, so your code's namespaces stay as they
-are; MySQL/MariaDB a private database. All are dropped afterwards. Works under
-asyncio and trio (anyio's pytest plugin).
+are; MySQL/MariaDB a private database. All are dropped afterwards.
+:func:`isolated_database` gives the same for fixtures of your own making.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal, Unpack, cast
 
 import pytest
 
@@ -38,6 +46,20 @@ from .naming import SchemaNaming
 from .schema import Schema
 from .sql import Identifier, sql
 from .url import ConnectOptions, parse_url
+
+try:
+    import pytest_asyncio
+except ImportError:  # an optional runner: anyio's plugin may be the one in use
+    pytest_asyncio = None  # type: ignore[assignment]
+
+# Fixture loop scopes came with pytest-asyncio 0.24; older ones cannot run a
+# fixture in a module's or session's loop, so they are left alone.
+_PYTEST_ASYNCIO = (
+    pytest_asyncio is not None
+    and "loop_scope" in inspect.signature(pytest_asyncio.fixture).parameters
+)
+
+LoopScope = Literal["session", "package", "module", "class", "function"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,33 +97,105 @@ def aiofragno_options() -> ConnectOptions:
 
 
 @pytest.fixture
-async def aiofragno_db(
-    aiofragno_url: str, aiofragno_schema: Schema | None, aiofragno_options: ConnectOptions
+def aiofragno_db(request: pytest.FixtureRequest) -> Database:
+    """A Database of its own for this test, migrated to ``aiofragno_schema``,
+    opened in the event loop the test runs in."""
+    # A synchronous fixture that picks an async one run by the test's own
+    # plugin: an async fixture of ours would be set up by whichever plugin
+    # claims it, in a loop that need not be the test's.
+    return cast(Database, request.getfixturevalue(_database_fixture_for(request)))
+
+
+def _database_fixture_for(request: pytest.FixtureRequest) -> str:
+    """The name of the fixture that opens the Database in ``request``'s test loop."""
+    item = request.node
+    if _PYTEST_ASYNCIO and pytest_asyncio.is_async_test(item):
+        return f"_aiofragno_db_asyncio_{_asyncio_loop_scope(item)}"
+    if "anyio_backend" in request.fixturenames:
+        return "_aiofragno_db_anyio"
+    if item.get_closest_marker("asyncio") is not None:
+        pytest.fail(
+            f"aiofragno_db: {item.name} is marked asyncio, but no pytest-asyncio 0.24 or "
+            "later runs it: pip install -U 'pytest-asyncio>=0.24' (and do not disable it "
+            "with -p no:asyncio)",
+            pytrace=False,
+        )
+    pytest.fail(
+        f"aiofragno_db: {item.name} is not run by an async test plugin, so there is no "
+        "event loop to open the Database in. Make it an async test and mark it "
+        "@pytest.mark.asyncio (pytest-asyncio; or set asyncio_mode = auto) or "
+        "@pytest.mark.anyio (anyio's plugin).",
+        pytrace=False,
+    )
+
+
+def _asyncio_loop_scope(item: pytest.Item) -> str:
+    """The scope of the loop pytest-asyncio runs ``item`` in: the ``loop_scope``
+    of its closest asyncio mark, else ``asyncio_default_test_loop_scope``."""
+    mark = item.get_closest_marker("asyncio")
+    scope = mark and (mark.kwargs.get("loop_scope") or mark.kwargs.get("scope"))
+    return str(scope or item.config.getini("asyncio_default_test_loop_scope") or "function")
+
+
+@asynccontextmanager
+async def isolated_database(
+    url: str, schema: Schema | None = None, **options: Unpack[ConnectOptions]
 ) -> AsyncIterator[Database]:
-    """A Database of its own for this test, migrated to ``aiofragno_schema``."""
+    """``async with`` a Database of its own on the server of ``url`` (see the
+    module's notes on isolation), migrated to ``schema``; its data is dropped
+    on exit. ``options`` go to ``af.connect``. Open and use it in one event
+    loop: under pytest-asyncio, give your fixture the tests' ``loop_scope``."""
     token = f"t{uuid.uuid4().hex[:12]}"
-    dialect = parse_url(aiofragno_url).dialect
+    dialect = parse_url(url).dialect
     if dialect == "mysql":
-        database = private_mysql_database(aiofragno_url, token)
-        async with database as url, connect(url, **aiofragno_options) as db:
-            yield await _migrated(db, aiofragno_schema)
+        async with private_mysql_database(url, token) as private, connect(private, **options) as db:
+            yield await _migrated(db, schema)
         return
     if dialect == "sqlite":
-        async with connect(aiofragno_url, **aiofragno_options) as db:
-            yield await _migrated(db, aiofragno_schema)
+        async with connect(url, **options) as db:
+            yield await _migrated(db, schema)
         return
-    options: ConnectOptions = {
-        "naming": PrefixedSchemaNaming(token),
-        "search_path": token,
-        **aiofragno_options,
-    }
-    async with connect(aiofragno_url) as admin:
+    options = {"naming": PrefixedSchemaNaming(token), "search_path": token, **options}
+    async with connect(url) as admin:
         await admin.execute(sql("CREATE SCHEMA {s}", s=Identifier(token)))
         try:
-            async with connect(aiofragno_url, **options) as db:
-                yield await _migrated(db, aiofragno_schema)
+            async with connect(url, **options) as db:
+                yield await _migrated(db, schema)
         finally:
             await _drop_prefixed_schemas(admin, token)
+
+
+def _database_fixture() -> Callable[..., AsyncIterator[Database]]:
+    # A function object per fixture: pytest-asyncio marks the function itself.
+    async def database(
+        aiofragno_url: str, aiofragno_schema: Schema | None, aiofragno_options: ConnectOptions
+    ) -> AsyncIterator[Database]:
+        async with isolated_database(aiofragno_url, aiofragno_schema, **aiofragno_options) as db:
+            yield db
+
+    return database
+
+
+# anyio's plugin runs an async fixture in the test's runner when the test
+# uses ``anyio_backend``; pytest-asyncio runs one in the loop of the
+# ``loop_scope`` it was declared with, so there is one per scope. Strict mode
+# leaves the anyio one alone (it is not marked), and anyio the others (no
+# pytest-asyncio test uses ``anyio_backend``).
+_aiofragno_db_anyio = pytest.fixture(name="_aiofragno_db_anyio")(_database_fixture())
+
+
+def _asyncio_fixture(loop_scope: LoopScope) -> Any:
+    assert pytest_asyncio is not None
+    name = f"_aiofragno_db_asyncio_{loop_scope}"
+    return pytest_asyncio.fixture(loop_scope=loop_scope, name=name)(_database_fixture())
+
+
+if _PYTEST_ASYNCIO:
+    _aiofragno_db_asyncio_function = _asyncio_fixture("function")
+    _aiofragno_db_asyncio_class = _asyncio_fixture("class")
+    _aiofragno_db_asyncio_module = _asyncio_fixture("module")
+    _aiofragno_db_asyncio_package = _asyncio_fixture("package")
+    _aiofragno_db_asyncio_session = _asyncio_fixture("session")
 
 
 async def _migrated(db: Database, schema: Schema | None) -> Database:

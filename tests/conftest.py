@@ -23,6 +23,9 @@ import pytest
 
 pytest_plugins = ["tests.servers"]
 
+# Projects that tests/test_testing_runners.py copies and runs on their own.
+collect_ignore = ["plugin_projects"]
+
 POSTGRES_URL = os.environ.get(
     "AIOFRAGNO_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )

@@ -404,7 +404,11 @@ class BridgedDialect:
 
     def create_driver(self) -> BridgedDriver:
         bridge = AsyncioLoopThread()
-        pooled = replace(self.inner, connect=partial(bridge.connect, self.inner.connect))
+        # The connections live in the bridge's loop, which outlasts the caller's
+        # trio runs: the pool may be used from any of them.
+        pooled = replace(
+            self.inner, connect=partial(bridge.connect, self.inner.connect), bound_to_loop=False
+        )
         return BridgedDriver(pooled.create_driver().pool, bridge)
 
     def create_query_compiler(self) -> QueryCompiler:

@@ -210,4 +210,5 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         connect=connect,
         options=options,
         pool_size=options.pool_size,
+        bound_to_loop=True,
     )

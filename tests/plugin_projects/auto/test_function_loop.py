@@ -1,0 +1,23 @@
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from notes import check, seed
+
+import aiofragno as af
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def seeded(aiofragno_db: af.Database) -> AsyncIterator[tuple[str, ...]]:
+    async for rows in seed(aiofragno_db):
+        yield rows
+
+
+async def test_fresh(aiofragno_db: af.Database, dialect: str) -> None:
+    await check(aiofragno_db, dialect)
+
+
+async def test_seeded(aiofragno_db: af.Database, dialect: str, seeded: tuple[str, ...]) -> None:
+    await check(aiofragno_db, dialect, seeded)

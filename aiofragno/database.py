@@ -455,9 +455,7 @@ class Connect:
             await self._db.close()
 
 
-def connect(
-    url: str, *, backend: str | None = None, **options: Unpack[ConnectOptions]
-) -> Connect:
+def connect(url: str, *, backend: str | None = None, **options: Unpack[ConnectOptions]) -> Connect:
     """Open a :class:`Database` for ``url`` (see :mod:`aiofragno.url` for URL
     forms, and :class:`~aiofragno.url.Options` for what each option in
     :class:`~aiofragno.ConnectOptions` means). ``backend`` picks a driver ("asyncpg", "aiosqlite",

@@ -282,7 +282,7 @@ class SqlCompiler:
             raise ValidationError(
                 f"expected an af.sql(...) fragment, got {type(node).__name__}: wrap the SQL "
                 "in af.sql(...), with values as {name} parameters so they stay bound "
-                "parameters, e.g. af.sql(\"SELECT * FROM t WHERE id = {id}\", id=id)"
+                'parameters, e.g. af.sql("SELECT * FROM t WHERE id = {id}", id=id)'
             )
         out: list[str] = []
         params: list[Any] = []

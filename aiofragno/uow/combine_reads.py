@@ -58,7 +58,9 @@ def _combined_sql(
     return f"SELECT {', '.join(parts)}"
 
 
-def split_reads(ops: Sequence[RetrievalOp[object]], result: QueryResult) -> list[list[Sequence[Any]]]:
+def split_reads(
+    ops: Sequence[RetrievalOp[object]], result: QueryResult
+) -> list[list[Sequence[Any]]]:
     """Each read's rows (value sequences) from the combined statement's one row."""
     values = result.rows[0]._values
     return [

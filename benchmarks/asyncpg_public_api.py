@@ -3,18 +3,19 @@ private ``Connection._execute`` the backend used before.
 
 The backend learns at a statement's first run whether it returns rows
 (``StatementKinds``), then runs it with ``fetch`` or ``execute``; the private
-call returned rows and status at once. This runs one mix of statements a unit
-of work sends — a SELECT by key (rows), an UPDATE by key (status only), an
+call returned rows and status at once. This runs one statement of each kind
+— a SELECT by key (rows), an UPDATE by key (status only), an
 INSERT .. RETURNING (rows) and a parameterless UPDATE (status, simple query
-protocol) — N times on one connection with each variant, alternating the
-variants for several rounds, and reports per mix the median wall and CPU
-microseconds of the client (this process) and the ratio public / private.
+protocol). Per round, each statement runs N times on one connection with each
+variant in turn (the order alternating between rounds); reported per
+statement: the median wall and CPU (this process) microseconds per run, and
+the median and range of the per-round ratios public / private.
 
 ``--only public|private`` runs one variant once (after a warm-up), to be
 counted with callgrind: run it under ``valgrind --tool=callgrind`` with two
 values of ``-n``; the difference of the instruction totals over the
-difference of ``-n`` is the variant's instructions per mix, start-up
-excluded. Results go to stdout (and, for the alternating run,
+difference of ``-n`` is the variant's instructions per mix (the four
+statements once each), start-up excluded. Results go to stdout (and, for the alternating run,
 ``benchmarks/results/asyncpg_public_api.json``).
 
     python -m benchmarks.asyncpg_public_api [-n 2000] [--rounds 9] [--url URL]
@@ -88,28 +89,50 @@ async def alternate(url: str, n: int, rounds: int) -> dict[str, Any]:
         }
         for connection in variants.values():
             await run_mix(connection, WARMUP)
-        wall: dict[str, list[float]] = {name: [] for name in variants}
-        cpu: dict[str, list[float]] = {name: [] for name in variants}
+        # Per statement, per variant: (wall, cpu) microseconds per run, per round.
+        samples: list[dict[str, list[tuple[float, float]]]] = [
+            {name: [] for name in variants} for _ in MIX
+        ]
         for index in range(rounds):
             # Alternate which variant goes first, so neither always follows the other.
             order = list(variants) if index % 2 == 0 else list(reversed(variants))
-            for name in order:
-                started, started_cpu = time.perf_counter(), time.process_time()
-                await run_mix(variants[name], n)
-                wall[name].append((time.perf_counter() - started) / n * 1e6)
-                cpu[name].append((time.process_time() - started_cpu) / n * 1e6)
+            for query, per_variant in zip(MIX, samples, strict=True):
+                for name in order:
+                    per_variant[name].append(await time_runs(variants[name], query, n))
     finally:
         await raw.close()
-    result: dict[str, Any] = {"n": n, "rounds": rounds, "statements_per_mix": len(MIX)}
-    for label, samples in (("wall_us_per_mix", wall), ("cpu_us_per_mix", cpu)):
-        medians = {name: statistics.median(values) for name, values in samples.items()}
-        result[label] = medians
-        # Per round, public over private (the two ran next to each other).
-        ratios = [p / q for p, q in zip(samples["public"], samples["private"], strict=True)]
-        result[label.replace("us_per_mix", "ratio")] = {
-            "median": statistics.median(ratios),
-            "min": min(ratios),
-            "max": max(ratios),
+    return {
+        "n": n,
+        "rounds": rounds,
+        "statements": {
+            query.sql: summary(per_variant) for query, per_variant in zip(MIX, samples, strict=True)
+        },
+    }
+
+
+async def time_runs(
+    connection: AsyncpgConnection, query: CompiledQuery, n: int
+) -> tuple[float, float]:
+    """Wall and CPU microseconds per run of ``query``, over ``n`` runs."""
+    started, started_cpu = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        await connection.execute_query(query)
+    return (time.perf_counter() - started) / n * 1e6, (time.process_time() - started_cpu) / n * 1e6
+
+
+def summary(per_variant: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
+    """Medians per variant, and the median and range of the per-round ratios
+    public / private (the two ran next to each other)."""
+    result: dict[str, Any] = {}
+    for position, label in enumerate(("wall", "cpu")):
+        public = [sample[position] for sample in per_variant["public"]]
+        private = [sample[position] for sample in per_variant["private"]]
+        ratios = [p / q for p, q in zip(public, private, strict=True)]
+        result[label] = {
+            "public_us": round(statistics.median(public), 1),
+            "private_us": round(statistics.median(private), 1),
+            "ratio": round(statistics.median(ratios), 3),
+            "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
         }
     return result
 

@@ -109,6 +109,7 @@ class UowTracer:
         attributes = _database_attributes(db)
         attributes["aiofragno.uow.schema"] = schema.name
         attributes["aiofragno.uow.namespace"] = schema.name if namespace is None else namespace
+        # (Failures are recorded by _TracedUnit.failed: a message may quote a value.)
         with self._tracer.start_as_current_span(
             name,
             kind=SpanKind.INTERNAL,

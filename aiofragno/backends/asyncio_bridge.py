@@ -13,6 +13,10 @@ runs on that loop. Guarantees:
   batch crosses once however many statements it holds.
 * A call's result or exception comes back as the very object the driver
   produced, so the backend's error translation sees the driver's own types.
+* A call runs in a copy of the calling trio task's context (contextvars;
+  ``loop.call_soon_threadsafe`` takes it on the trio side, and the task it
+  starts inherits it), so what the driver's instrumentation reads from the
+  context — the current OpenTelemetry span — is the caller's.
 * Cancelling the waiting trio task cancels the asyncio task, waits (shielded, at
   most :data:`CANCEL_GRACE` seconds) until it has finished, then lets the
   cancellation propagate: the pool never resets or closes a connection that a

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,19 +75,76 @@ _RESET_SESSION = (
 )
 
 
-def _rows_affected(status: bytes, returned: int) -> int:
-    # b"UPDATE 3", b"INSERT 0 1", b"SELECT 2"; commands without a count: rows returned.
-    tail = status.rpartition(b" ")[2]
+def _rows_affected(status: str, returned: int) -> int:
+    # "UPDATE 3", "INSERT 0 1", "SELECT 2"; commands without a count: rows returned.
+    tail = status.rpartition(" ")[2]
     return int(tail) if tail.isdigit() else returned
 
 
-class AsyncpgConnection:
-    __slots__ = ("_raw", "_timeout", "server_session")
+def _result(records: Sequence[Any], rows_affected: int) -> QueryResult:
+    # (asyncpg Records: values by position, like tuples.)
+    if not records:
+        return QueryResult([], rows_affected)
+    index = column_index(tuple(records[0].keys()))
+    return QueryResult([Row(index, r) for r in records], rows_affected)
 
-    def __init__(self, raw: asyncpg.Connection, timeout: float | None, server_session: str) -> None:
+
+# Statement texts whose kind StatementKinds remembers, at most. A longer text
+# is prepared afresh at each run (as asyncpg does with a text longer than its
+# max_cacheable_statement_size, whose default this is).
+MAX_KIND_TEXT = 15 * 1024
+MAX_KINDS = 1024
+
+
+class StatementKinds:
+    """Whether each statement text returns rows, learned at its first run.
+
+    asyncpg's public API returns either a statement's rows (``fetch``) or its
+    status with the affected-row count (``execute``), never both; which one a
+    statement needs follows from the text, but only the server can tell (a
+    SELECT INTO returns no rows, an UPDATE .. RETURNING does). A statement
+    that returns rows affects as many as it returns (RETURNING yields one
+    row per row written), so once the kind is known one public call per run
+    gives both. It holds for every connection to the same database; one
+    ``CALL`` whose procedure is replaced with one of other OUT parameters
+    can change it, which nobody does to a running application. Least
+    recently used texts go first."""
+
+    __slots__ = ("_known",)
+
+    def __init__(self) -> None:
+        self._known: OrderedDict[str, bool] = OrderedDict()
+
+    def get(self, sql: str) -> bool | None:
+        known = self._known
+        returns_rows = known.get(sql)
+        if returns_rows is not None:
+            known.move_to_end(sql)
+        return returns_rows
+
+    def learn(self, sql: str, returns_rows: bool) -> None:
+        if len(sql) > MAX_KIND_TEXT:
+            return
+        known = self._known
+        known[sql] = returns_rows
+        if len(known) > MAX_KINDS:
+            known.popitem(last=False)
+
+
+class AsyncpgConnection:
+    __slots__ = ("_kinds", "_raw", "_timeout", "server_session")
+
+    def __init__(
+        self,
+        raw: asyncpg.Connection,
+        timeout: float | None,
+        server_session: str,
+        kinds: StatementKinds,
+    ) -> None:
         self._raw = raw
         self._timeout = timeout
         self.server_session = server_session
+        self._kinds = kinds
 
     @property
     def is_closed(self) -> bool:
@@ -99,16 +158,34 @@ class AsyncpgConnection:
         return not raw.is_closed() and raw.is_in_transaction()
 
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
-        # asyncpg's public API returns either the rows (fetch) or the status
-        # (execute); _execute returns both in one round trip, which we need for
-        # RETURNING statements whose affected-row count matters.
-        records, status, _ = await self._raw._execute(  # type: ignore[attr-defined]
-            query.sql, query.parameters, 0, self._timeout, return_status=True
-        )
-        if not records:
-            return QueryResult([], _rows_affected(status, 0))
-        index = column_index(tuple(records[0].keys()))
-        return QueryResult([Row(index, r) for r in records], _rows_affected(status, len(records)))
+        # Public calls only (what driver instrumentation such as OpenTelemetry's
+        # sees): see StatementKinds.
+        sql, parameters = query
+        returns_rows = self._kinds.get(sql)
+        if returns_rows is None:
+            return await self._first_run(sql, parameters)
+        if returns_rows:
+            records = await self._raw.fetch(sql, *parameters, timeout=self._timeout)
+            return _result(records, len(records))
+        status = await self._raw.execute(sql, *parameters, timeout=self._timeout)
+        return QueryResult([], _rows_affected(status, 0))
+
+    async def _first_run(self, sql: str, parameters: Sequence[Any]) -> QueryResult:
+        """Run a statement of unknown kind through a prepared statement, which
+        tells the kind and gives both rows and status: the two round trips
+        asyncpg's fetch spends on a statement it has not cached (Parse and
+        Describe, then Bind and Execute). Unnamed, it leaves nothing to close
+        on the server."""
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        statement = await self._raw.prepare(sql, name="", timeout=self._timeout)
+        # (A SELECT of no columns counts as returning nothing, at every run.)
+        returns_rows = bool(statement.get_attributes())
+        self._kinds.learn(sql, returns_rows)
+        remaining = None if deadline is None else deadline - time.monotonic()
+        records = await statement.fetch(*parameters, timeout=remaining)
+        # (The status is None only before the statement has run.)
+        status = statement.get_statusmsg() or ""
+        return _result(records if returns_rows else [], _rows_affected(status, len(records)))
 
     async def execute_batch(
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
@@ -166,6 +243,8 @@ _closing: set[asyncio.Future[None]] = set()
 
 
 def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
+    kinds = StatementKinds()
+
     async def connect() -> AsyncpgConnection:
         # asyncpg's connect, cancelled half-way, leaves a future whose error
         # nobody reads ("Future exception was never retrieved", once per
@@ -200,7 +279,7 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         except BaseException:
             raw.terminate()
             raise
-        return AsyncpgConnection(raw, options.command_timeout, session)
+        return AsyncpgConnection(raw, options.command_timeout, session, kinds)
 
     return PooledDialect(
         name="postgresql",

@@ -266,6 +266,38 @@ async def test_rows_affected_and_insert_id(db: af.Database, tables: Tables) -> N
     assert result.rows_affected == 1
 
 
+async def test_rows_and_counts_are_the_same_at_every_run(db: af.Database, tables: Tables) -> None:
+    # asyncpg learns at a statement's first run whether it returns rows and
+    # runs it through a public call of that kind afterwards; a text over
+    # 15 KiB is prepared afresh every time.
+    table = await make_table(db, tables, {"i": COLUMN_TYPES[db.name]["i"], "t": "varchar(20)"})
+    for i in range(3):
+        await insert(db, table, {"i": i, "t": "same"})
+    long_comment = "/* " + "x" * 16 * 1024 + " */ "
+    statements: list[tuple[af.Fragment, list[int], int]] = [
+        (af.sql("SELECT i FROM {t} ORDER BY i", t=table), [0, 1, 2], 3),
+        (af.sql(long_comment + "SELECT i FROM {t} WHERE i > {v}", t=table, v=0), [1, 2], 2),
+        (af.sql("SELECT i FROM {t} WHERE i > {v}", t=table, v=99), [], 0),
+        (af.sql("UPDATE {t} SET t = {v}", t=table, v="same"), [], 3),
+        (af.sql("UPDATE {t} SET t = t WHERE i > 0", t=table), [], 2),  # no parameters
+        (af.sql(long_comment + "UPDATE {t} SET t = {v}", t=table, v="same"), [], 3),
+        (af.sql("DELETE FROM {t} WHERE i > {v}", t=table, v=99), [], 0),
+    ]
+    if db.adapter.supports_returning:
+        statements += [
+            (
+                af.sql("UPDATE {t} SET t = {v} WHERE i > 0 RETURNING i", t=table, v="same"),
+                [1, 2],
+                2,
+            ),
+            (af.sql("DELETE FROM {t} WHERE i > {v} RETURNING i", t=table, v=99), [], 0),
+        ]
+    for statement, rows, count in statements:
+        for _ in range(3):
+            result = await db.execute(statement)
+            assert (sorted(r["i"] for r in result.rows), result.rows_affected) == (rows, count)
+
+
 async def test_insert_id_for_generated_keys(db: af.Database, tables: Tables) -> None:
     table = tables.new()
     key = {

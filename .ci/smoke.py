@@ -6,7 +6,7 @@ venv's site-packages must be what is imported).
 
 Checks: ``sqlite`` (stdlib backend), ``aiosqlite``, ``trio`` (SQLite under
 trio), ``postgresql``, ``mysql`` (the shared CI servers), ``cli`` (the demo,
-which draws with rich), ``missing:DIALECT`` (connecting says which extra to
+which draws with rich), ``otel`` (a unit of work in aiofragno.otel's span), ``missing:DIALECT`` (connecting says which extra to
 install). Every run also checks the import, ``aiofragno --version`` and that
 pytest starts with the plugin loaded, when pytest is installed.
 """
@@ -63,6 +63,19 @@ async def round_trip(url: str, backend: str | None = None) -> None:
         await db.execute_uow(read, schema=LEDGER, namespace=namespace)
 
 
+async def traced(url: str) -> None:
+    from aiofragno.otel import UowTracer
+
+    async with af.connect(url) as db:
+        await db.migrate(LEDGER)
+
+        async def write(uow: af.UnitOfWork) -> str:
+            uow.create("notes", {"text": "traced"})
+            return "done"
+
+        assert await UowTracer().execute_uow(db, write, schema=LEDGER) == "done"
+
+
 async def refused(dialect: str) -> None:
     try:
         async with af.connect(URLS[dialect]):
@@ -101,6 +114,8 @@ def run(check: str, tmp: str) -> None:
             capture_output=True, text=True,
         )  # fmt: skip
         assert demo.returncode == 0 and "versions contiguous: True" in demo.stdout, demo
+    elif check == "otel":
+        anyio.run(traced, sqlite_url)
     elif check.startswith("missing:"):
         anyio.run(refused, check.partition(":")[2])
     else:

@@ -81,7 +81,7 @@ def configure(url: DatabaseURL, options: Options, home: Path | None = None) -> T
             f"sslrootcert=system trusts every CA the system does, so it needs "
             f"sslmode=verify-full (as in libpq), not {mode}"
         )
-    if mode == "require" and ca is not None:
+    if mode == "require" and ca is not None and options.ssl_verify_cert is not False:
         mode = "verify-ca"  # libpq: a root certificate is there to be used
     if mode in VERIFYING and ca is None:
         raise ValidationError(
@@ -195,7 +195,12 @@ def _context(
         if ca == "system":
             context.load_default_certs()
         else:
-            _load("sslrootcert (ssl_ca)", str(ca), lambda: context.load_verify_locations(cafile=ca))
+            _load(
+                "sslrootcert (ssl_ca)",
+                str(ca),
+                lambda: context.load_verify_locations(cafile=ca),
+                hint="; it must hold PEM certificates (-----BEGIN CERTIFICATE-----)",
+            )
     else:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
@@ -214,7 +219,7 @@ def _load(what: str, path: str, load: Callable[[], None], hint: str = "") -> Non
     try:
         load()
     except OSError as exc:
-        reason = exc.reason if isinstance(exc, ssl.SSLError) else exc.strerror
+        reason = getattr(exc, "reason", None) if isinstance(exc, ssl.SSLError) else exc.strerror
         raise ValidationError(f"{what} {path}: cannot be used ({reason or exc}){hint}") from None
 
 
@@ -246,7 +251,7 @@ def failure(
     if cause is not None:
         return TLSError(
             f"the TLS handshake with the server at {address} failed ({tls.describe()}): "
-            f"{cause.reason or cause}; check the server's TLS setup, and the client "
+            f"{getattr(cause, 'reason', None) or cause}; check the server's TLS setup, and the client "
             "certificate (sslcert/sslkey) if the server asks for one"
         )
     return None

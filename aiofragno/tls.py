@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import TLSError, ValidationError
-from .url import DatabaseURL, Options
+from .url import TLS_FILE_OPTIONS, DatabaseURL, Options
 
 VERIFYING = ("verify-ca", "verify-full")
 REQUIRED = ("require", *VERIFYING)
@@ -63,18 +63,35 @@ def configure(url: DatabaseURL, options: Options, home: Path | None = None) -> T
     mode = _mode(options, url.dialect)
     if mode == "disable":
         return NONE
-    if mode == "allow" and url.dialect == "mysql":
-        raise ValidationError(
-            "MySQL has no sslmode 'allow' (plain, then TLS if the server insists); "
-            "use prefer or disable"
-        )
-    defaults = _libpq_files(home) if url.dialect == "postgresql" else {}
+    ca, cert, key = _files(options, url.dialect, home)
+    mode = _checked(mode, ca, url.dialect, options)
+    context = _context(mode, ca, cert, key, options.sslpassword)
+    return TLS(mode, context, cert, key, options.sslpassword)
+
+
+def _files(
+    options: Options, dialect: str, home: Path | None
+) -> tuple[str | None, str | None, str | None]:
+    """The root certificate, client certificate and key: as given, else (on
+    PostgreSQL) libpq's default files where they exist."""
+    defaults = _libpq_files(home) if dialect == "postgresql" else {}
     ca = options.sslrootcert or defaults.get("root.crt")
     cert = options.sslcert or defaults.get("postgresql.crt")
     key = options.sslkey or (defaults.get("postgresql.key") if cert else None)
     if key and not cert:
         raise ValidationError(
             "sslkey (ssl_key) is given without sslcert (ssl_cert), the certificate it is the key of"
+        )
+    return ca, cert, key
+
+
+def _checked(mode: str, ca: str | None, dialect: str, options: Options) -> str:
+    """``mode`` as the root certificate ``ca`` makes it, or ValidationError
+    where they do not go together."""
+    if mode == "allow" and dialect == "mysql":
+        raise ValidationError(
+            "MySQL has no sslmode 'allow' (plain, then TLS if the server insists); "
+            "use prefer or disable"
         )
     if ca == "system" and mode != "verify-full":
         raise ValidationError(
@@ -88,10 +105,9 @@ def configure(url: DatabaseURL, options: Options, home: Path | None = None) -> T
             f"sslmode={mode} verifies the server's certificate, so it needs the CA that signed "
             "it: give sslrootcert (ssl_ca) the CA's PEM file, or sslrootcert=system for the "
             "system's trusted CAs"
-            + (" (or put it in ~/.postgresql/root.crt)" if url.dialect == "postgresql" else "")
+            + (" (or put it in ~/.postgresql/root.crt)" if dialect == "postgresql" else "")
         )
-    context = _context(mode, ca, cert, key, options.sslpassword)
-    return TLS(mode, context, cert, key, options.sslpassword)
+    return mode
 
 
 def _given(options: Options) -> TLS:
@@ -99,18 +115,8 @@ def _given(options: Options) -> TLS:
     context = options.ssl
     assert isinstance(context, ssl.SSLContext)
     mode = options.sslmode or "require"
-    others = [
-        name
-        for name in (
-            "sslrootcert",
-            "sslcert",
-            "sslkey",
-            "sslpassword",
-            "ssl_verify_cert",
-            "ssl_verify_identity",
-        )
-        if getattr(options, name) is not None
-    ]
+    named = (*TLS_FILE_OPTIONS, "ssl_verify_cert", "ssl_verify_identity")
+    others = [name for name in named if getattr(options, name) is not None]
     if others:
         raise ValidationError(
             f"ssl is an SSLContext, which {', '.join(others)} cannot add to: load the "

@@ -133,10 +133,11 @@ async def test_a_server_without_tls(url: str, target: Target) -> None:
     so; prefer falls back to a plain connection."""
     if target.dialect == "sqlite":
         pytest.skip("SQLite is embedded: no connection to encrypt")
-    if await connects(url + "?sslmode=prefer", target):
+    join = "&" if "?" in url else "?"
+    if await connects(f"{url}{join}sslmode=prefer", target):
         pytest.skip("the shared server has TLS")
     for params in ("sslmode=require", "ssl=true", "sslmode=verify-full&sslrootcert=system"):
-        error = await refused(f"{url}?{params}", target)
+        error = await refused(f"{url}{join}{params}", target)
         assert "does not offer TLS" in str(error)
         assert "sslmode=prefer" in str(error)
     assert not await connects(url, target, ssl=False)

@@ -187,3 +187,23 @@ async def test_no_tls_over_a_unix_socket(tls_server: TLSServer, target: Target) 
     socket = str(tls_server.directory if target.dialect == "postgresql" else tls_server.socket)
     url = server_url(tls_server, quote(socket, safe=""), sslmode="require")
     assert not await connects(url, target)
+
+
+async def test_a_later_connection_fails_at_once_too(tls_server: TLSServer, target: Target) -> None:
+    """The pool's next connection, not only af.connect's first: a TLS
+    failure is not waited out like an unreachable server."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    url = server_url(tls_server, "localhost")
+    async with af.connect(url, backend=target.backend, pool_size=2, ssl=context) as db:
+        assert db.options.reconnect_deadline == 30.0
+        held = await db.checkout()
+        try:
+            context.verify_mode = ssl.CERT_REQUIRED  # and no CA loaded: nothing verifies
+            started = time.monotonic()
+            with pytest.raises(af.TLSError, match=r"the given ssl\.SSLContext"):
+                await db.checkout()
+            assert time.monotonic() - started < FAST
+        finally:
+            await db.checkin(held)

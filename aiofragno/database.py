@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Generator
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
-from . import runtime
+from . import libpq, runtime
 from .backends import choose_backend, create_dialect
 from .codec import ValueCodec, as_utc
 from .driver import (
@@ -428,7 +429,11 @@ class Connect:
 
     async def _open(self) -> Database:
         url = parse_url(self._url)
-        options = Options().merged(url.query, self._options)
+        base = Options()
+        if url.dialect == "postgresql":
+            url, base = libpq.from_environment(url, os.environ)
+        options = base.merged(url.query, self._options)
+        options.check_dialect(url.dialect)
         backend = choose_backend(url, self._backend, runtime.current_runtime())
         db = Database(create_dialect(backend, url, options), url, options, backend.name)
         try:
@@ -462,5 +467,8 @@ def connect(url: str, *, backend: str | None = None, **options: Unpack[ConnectOp
     "sqlite", "asyncmy"); by default the best one for the URL and the running
     event loop is used. The first connection is opened before this returns,
     so a wrong URL or a server that is down fails here
-    (:class:`~aiofragno.errors.DatabaseUnavailable`)."""
+    (:class:`~aiofragno.errors.DatabaseUnavailable`; a TLS failure:
+    :class:`~aiofragno.errors.TLSError`). On PostgreSQL, libpq's ``PG*``
+    environment variables fill in what the URL and the keywords leave out
+    (see :mod:`aiofragno.libpq`)."""
     return Connect(url, backend, options)

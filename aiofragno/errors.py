@@ -205,6 +205,17 @@ class DatabaseUnavailable(DatabaseError):
     is right."""
 
 
+class TLSError(DatabaseError):
+    """A TLS connection could not be set up as the options ask: the server's
+    certificate failed verification (a CA not trusted, a host name the
+    certificate does not name), the server offers no TLS while ``sslmode``
+    requires it, or the handshake failed (a client certificate refused, say).
+
+    Not a :class:`DatabaseUnavailable`: nothing transient, so aiofragno never
+    retries it. The message says what to change: the certificates, the host
+    name connected to, or ``sslmode``."""
+
+
 class ErrorTable:
     """What one backend's driver errors mean.
 

@@ -4,17 +4,25 @@
 ``postgresql`` (``postgres``), ``mysql`` (``mariadb``), ``sqlite``. For SQLite
 the path follows the third slash: ``sqlite:///app.db`` is relative,
 ``sqlite:////var/db/app.db`` absolute, ``sqlite:///:memory:`` in memory.
-Query parameters set the options of :class:`Options`; keyword arguments to
-``af.connect`` (typed by :class:`ConnectOptions`) override them.
+A server's Unix socket takes the host's place, percent-encoded
+(``postgresql://%2Fvar%2Frun%2Fpostgresql/db``: PostgreSQL's socket
+directory, ``mysql://root@%2Frun%2Fmysqld%2Fmysqld.sock/db``: MySQL's socket
+file), or is given as libpq's ``host=`` / PyMySQL's ``unix_socket=`` query
+parameter. Other query parameters set the options of :class:`Options`;
+keyword arguments to ``af.connect`` (typed by :class:`ConnectOptions`)
+override them. docs/connecting.md has the whole story.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from ssl import SSLContext
 from typing import Any, Literal, TypedDict, get_args
-from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, quote, unquote, urlsplit
 
 from .errors import ValidationError
 from .naming import NamingStrategy
@@ -40,11 +48,18 @@ class DatabaseURL:
     host: str | None = None
     port: int | None = None
     database: str = ""
-    query: dict[str, str] = field(default_factory=dict)
+    # (Not in the repr: it may hold sslpassword.)
+    query: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def is_memory(self) -> bool:
         return self.dialect == "sqlite" and self.database == ":memory:"
+
+    @property
+    def unix_socket(self) -> str | None:
+        """The host when it is a path: PostgreSQL's socket directory, MySQL's
+        socket file."""
+        return self.host if self.host is not None and self.host.startswith("/") else None
 
     def describe(self) -> str:
         """The URL without its password, for messages."""
@@ -53,7 +68,9 @@ class DatabaseURL:
         user = f"{self.username}@" if self.username else ""
         port = f":{self.port}" if self.port else ""
         host = self.host or "localhost"
-        if ":" in host:
+        if self.unix_socket:
+            host = quote(host, safe="")
+        elif ":" in host:
             host = f"[{host}]"  # IPv6
         return f"{self.dialect}://{user}{host}{port}/{self.database}"
 
@@ -107,7 +124,11 @@ def redact_url(url: str) -> str:
         end = next((i for i, ch in enumerate(rest) if ch in "/?"), len(rest))
         host, colon, port = rest[:end].rpartition(":")
         shown = rest if not colon or port.isdigit() or "]" in port else f"{host}:***"
-    return f"{scheme}{sep}{shown}{fragment}"
+    return _SECRET_PARAMETERS.sub(r"\1***", f"{scheme}{sep}{shown}{fragment}")
+
+
+# Query parameters whose values are secrets (an encrypted client key's password).
+_SECRET_PARAMETERS = re.compile(r"([?&](?:sslpassword|ssl_key_password|password)=)[^&]*", re.I)
 
 
 def _parse(url: str) -> DatabaseURL:
@@ -137,11 +158,38 @@ def _parse(url: str) -> DatabaseURL:
         backend or None,
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password is not None else None,
-        host=parts.hostname,
+        host=_socket_parameter(dialect, query) or _host(parts),
         port=port,
         database=unquote(parts.path.lstrip("/")),
         query=query,
     )
+
+
+def _host(parts: SplitResult) -> str | None:
+    """The host; percent-decoded, and its case kept, when it is written
+    percent-encoded (a Unix socket's path: urllib's ``hostname`` would
+    lowercase it and leave it encoded)."""
+    hostport = parts.netloc.rpartition("@")[2]
+    if "%" not in hostport or hostport.startswith("["):
+        return parts.hostname
+    return unquote(hostport.rpartition(":")[0] if ":" in hostport else hostport)
+
+
+# The query parameter that names the host (libpq: a host name or the socket
+# directory) or the socket (PyMySQL's unix_socket: the socket file).
+_SOCKET_PARAMETERS = {"postgresql": "host", "mysql": "unix_socket"}
+
+
+def _socket_parameter(dialect: str, query: dict[str, str]) -> str | None:
+    """The host the query names (taken out of ``query``): it overrides the
+    URL's host, as in libpq."""
+    name = _SOCKET_PARAMETERS[dialect]
+    value = query.pop(name, "")
+    if dialect == "mysql" and value and not value.startswith("/"):
+        raise ValidationError(
+            f"unix_socket must be the absolute path of the server's socket file, got {value!r}"
+        )
+    return value or None
 
 
 def _port(parts: SplitResult) -> int | None:
@@ -175,9 +223,12 @@ NaiveDatetimes = Literal["reject", "utc"]
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    """Connection options (all also accepted as URL query parameters).
+    """Connection options (all also accepted as URL query parameters, except
+    an ``ssl`` SSLContext and ``server_settings``, which are keywords only).
 
-    Times are in seconds. ``None`` disables a limit.
+    Times are in seconds. ``None`` disables a limit. On PostgreSQL, libpq's
+    ``PG*`` environment variables set some of them (see docs/connecting.md):
+    keyword over URL over environment over the default.
     """
 
     pool_size: int = 10
@@ -185,7 +236,7 @@ class Options:
     acquire_timeout: float = 30.0
     """How long to wait for a free connection before :class:`PoolTimeout`."""
     connect_timeout: float = 10.0
-    """How long opening one connection may take."""
+    """How long opening one connection may take (``PGCONNECT_TIMEOUT``)."""
     command_timeout: float | None = None
     """Per-statement limit (PostgreSQL, MySQL), None for none."""
     outbox: bool = False
@@ -213,17 +264,79 @@ class Options:
     naive_datetimes: NaiveDatetimes = "reject"
     """Timestamps without a time zone: "reject" (ValidationError) or "utc"
     (taken as UTC)."""
+    sslmode: str | None = None
+    """PostgreSQL, MySQL: TLS, as libpq's sslmode: "disable", "allow" (not
+    MySQL), "prefer", "require", "verify-ca" or "verify-full"; MySQL's
+    spellings (``ssl_mode=REQUIRED``: DISABLED, PREFERRED, REQUIRED,
+    VERIFY_CA, VERIFY_IDENTITY) mean the same. "require" with a root
+    certificate (sslrootcert) is "verify-ca", as in libpq. None: PostgreSQL
+    "prefer" (``PGSSLMODE``); MySQL no TLS unless ``ssl`` or an ``ssl_*``
+    option asks for it (PyMySQL's rules)."""
+    sslrootcert: str | None = None
+    """The CA certificates (a PEM file) the server's certificate must chain
+    to, or "system" for the system's trusted CAs (then sslmode defaults to
+    "verify-full"). Also spelled ``ssl_ca``; ``PGSSLROOTCERT``; PostgreSQL
+    default: ``~/.postgresql/root.crt`` if it exists."""
+    sslcert: str | None = None
+    """A client certificate to present (PEM file). Also spelled
+    ``ssl_cert``; ``PGSSLCERT``; PostgreSQL default:
+    ``~/.postgresql/postgresql.crt`` if it exists."""
+    sslkey: str | None = None
+    """The client certificate's private key (PEM file; None: in sslcert's
+    file). Also spelled ``ssl_key``; ``PGSSLKEY``; PostgreSQL default:
+    ``~/.postgresql/postgresql.key`` if it exists."""
+    sslpassword: str | None = field(default=None, repr=False)
+    """The password of an encrypted sslkey. Also spelled ``ssl_key_password``.
+    Never shown in messages."""
+    ssl_verify_cert: bool | None = None
+    """PyMySQL's way to ask for "verify-ca" (true) or against it (false); by
+    default true when sslrootcert (ssl_ca) is given."""
+    ssl_verify_identity: bool | None = None
+    """PyMySQL's way to ask for "verify-full" (true) or against it (false); by
+    default true when the certificate is verified against a given ssl_ca."""
+    ssl: bool | SSLContext | None = None
+    """True: TLS required (libpq's ``ssl=true`` is sslmode "require"; on
+    MySQL PyMySQL's ``ssl``, verified as ssl_ca and ssl_verify_* say).
+    False: no TLS. An :class:`ssl.SSLContext` (keyword only): TLS required,
+    with that context as given (its verify_mode and check_hostname decide
+    what is checked)."""
+    application_name: str = "aiofragno"
+    """PostgreSQL: the session's application_name (pg_stat_activity;
+    ``PGAPPNAME``). MySQL: the ``program_name`` connection attribute."""
+    options: str | None = None
+    """PostgreSQL: libpq's options string, settings for the session as
+    ``-c name=value`` or ``--name=value`` (``PGOPTIONS``), e.g.
+    ``-c statement_timeout=5s``."""
+    server_settings: Mapping[str, str] | None = None
+    """PostgreSQL (keyword only): settings for the session, as asyncpg's
+    server_settings; they win over the same ones in ``options``."""
+    charset: str = "utf8mb4"
+    """MySQL: the connection's character set. aiofragno writes text as
+    utf8mb4 and runs ``SET NAMES utf8mb4``, so "utf8mb4" is the only one
+    accepted (for URLs that spell it out)."""
 
     def merged(self, query: Mapping[str, str], overrides: Mapping[str, object]) -> Options:
-        """These options updated from URL ``query`` strings, then ``overrides``."""
-        values: dict[str, Any] = {}
-        for name, text in query.items():
-            values[_option_name(name)] = _parse_option(name, text)
-        for name, value in overrides.items():
-            values[_option_name(name)] = value
-        options = replace(self, **values)
+        """These options updated from URL ``query`` strings, then ``overrides``.
+
+        A source that says how TLS is used (sslmode, ssl, ssl_verify_*)
+        replaces all that the sources under it said about that; an SSLContext
+        also replaces their certificate files."""
+        options = self
+        for source in (
+            {name: _parse_option(name, text) for name, text in query.items()},
+            overrides,
+        ):
+            options = replace(options, **_values(source))
         options._validate()
         return options
+
+    def check_dialect(self, dialect: str) -> None:
+        """Refuse an option set for a dialect that has no use for it."""
+        for name, dialects in _DIALECT_OPTIONS.items():
+            if dialect not in dialects and getattr(self, name) != getattr(_DEFAULTS, name):
+                raise ValidationError(
+                    f"{name} is an option for {' and '.join(dialects)}, not {dialect}"
+                )
 
     def _validate(self) -> None:
         if (
@@ -234,6 +347,7 @@ class Options:
             raise ValidationError(f"pool_size must be a positive int, got {self.pool_size!r}")
         for spec in fields(self):
             value = getattr(self, spec.name)
+            _check_type(spec.name, str(spec.type), value)
             is_number = isinstance(value, int | float) and not isinstance(value, bool)
             if not spec.type.startswith("float") or (value is None and spec.type.endswith("None")):
                 continue
@@ -244,12 +358,114 @@ class Options:
         for flag in ("pre_ping", "outbox"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValidationError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+        if not isinstance(self.ssl, bool | SSLContext | None):
+            raise ValidationError(
+                f"ssl must be True, False or an ssl.SSLContext, got {type(self.ssl).__name__}"
+            )
+        if self.server_settings is not None and not (
+            isinstance(self.server_settings, Mapping)
+            and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.server_settings.items()
+            )
+        ):
+            raise ValidationError(
+                f"server_settings must map setting names to str values, got {self.server_settings!r}"
+            )
+        if self.charset.lower() != "utf8mb4":
+            raise ValidationError(
+                f"charset {self.charset!r} is not supported: aiofragno writes text as utf8mb4 "
+                "and sets the connection to utf8mb4 (SET NAMES utf8mb4); leave charset out "
+                "or write charset=utf8mb4"
+            )
+
+
+_DEFAULTS = Options()
+_OPTION_TYPES = {spec.name: spec.type for spec in fields(Options)}
+
+# Other spellings of options: MySQL's and PyMySQL's names for libpq's.
+ALIASES = {
+    "ssl_mode": "sslmode",
+    "ssl_ca": "sslrootcert",
+    "ssl_cert": "sslcert",
+    "ssl_key": "sslkey",
+    "ssl_key_password": "sslpassword",
+}
+TLS_MODE_OPTIONS = ("sslmode", "ssl", "ssl_verify_cert", "ssl_verify_identity")
+TLS_FILE_OPTIONS = ("sslrootcert", "sslcert", "sslkey", "sslpassword")
+_SERVERS = ("postgresql", "mysql")
+# The dialects each connection option means something to (of those not
+# older than this list: those apply wherever they are given).
+_DIALECT_OPTIONS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys((*TLS_MODE_OPTIONS, *TLS_FILE_OPTIONS, "application_name"), _SERVERS),
+    "options": ("postgresql",),
+    "server_settings": ("postgresql",),
+    "charset": ("mysql",),
+}
+
+SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+_MYSQL_SSL_MODES = {
+    "DISABLED": "disable",
+    "PREFERRED": "prefer",
+    "REQUIRED": "require",
+    "VERIFY_CA": "verify-ca",
+    "VERIFY_IDENTITY": "verify-full",
+}
+
+
+def _values(source: Mapping[str, object]) -> dict[str, Any]:
+    """``source``'s options by their field names, with the TLS options it
+    replaces (see :meth:`Options.merged`) reset to their defaults."""
+    values: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for name, value in source.items():
+        canonical = _option_name(name)
+        if canonical in spelled:
+            raise ValidationError(
+                f"{spelled[canonical]} and {name} are the same option; give one of them"
+            )
+        spelled[canonical] = name
+        values[canonical] = _coerce(canonical, value)
+    replaced = [*TLS_MODE_OPTIONS] if values.keys() & set(TLS_MODE_OPTIONS) else []
+    if isinstance(values.get("ssl"), SSLContext):
+        replaced += TLS_FILE_OPTIONS
+    for name in replaced:
+        values.setdefault(name, getattr(_DEFAULTS, name))
+    return values
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """``value`` in the form the option keeps: libpq's spelling of an sslmode,
+    a file's path as a str."""
+    if name == "sslmode" and isinstance(value, str):
+        mode = _MYSQL_SSL_MODES.get(value.upper(), value)
+        if mode not in SSL_MODES:
+            raise ValidationError(
+                f"sslmode must be one of {', '.join(SSL_MODES)} (or MySQL's "
+                f"{', '.join(_MYSQL_SSL_MODES)}); got {value!r}"
+            )
+        return mode
+    if name in TLS_FILE_OPTIONS and name != "sslpassword" and isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if name == "server_settings" and isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def _check_type(name: str, kind: str, value: object) -> None:
+    """Options typed plain str / bool hold one (or None where allowed)."""
+    if value is None and kind.endswith("| None"):
+        return
+    expected = {"str": str, "str | None": str, "bool | None": bool}.get(kind)
+    if expected is not None and not isinstance(value, expected):
+        shown = type(value).__name__ if name == "sslpassword" else repr(value)
+        raise ValidationError(f"{name} must be a {expected.__name__}, got {shown}")
 
 
 class ConnectOptions(TypedDict, total=False):
     """The keyword arguments of ``af.connect``: every field of :class:`Options`,
-    each optional and of the field's type (see there for what each means), so
-    that a type checker catches a misspelt option or a value of the wrong type."""
+    each optional and of the field's type (see there for what each means),
+    and the other spellings in :data:`ALIASES`, so that a type checker
+    catches a misspelt option or a value of the wrong type."""
 
     pool_size: int
     acquire_timeout: float
@@ -265,6 +481,24 @@ class ConnectOptions(TypedDict, total=False):
     naming: NamingName | NamingStrategy | None
     search_path: str | None
     naive_datetimes: NaiveDatetimes
+    sslmode: str | None
+    sslrootcert: str | os.PathLike[str] | None
+    sslcert: str | os.PathLike[str] | None
+    sslkey: str | os.PathLike[str] | None
+    sslpassword: str | None
+    ssl_verify_cert: bool | None
+    ssl_verify_identity: bool | None
+    ssl: bool | SSLContext | None
+    application_name: str
+    options: str | None
+    server_settings: Mapping[str, str] | None
+    charset: str
+    # ALIASES: MySQL's and PyMySQL's spellings.
+    ssl_mode: str | None
+    ssl_ca: str | os.PathLike[str] | None
+    ssl_cert: str | os.PathLike[str] | None
+    ssl_key: str | os.PathLike[str] | None
+    ssl_key_password: str | None
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
@@ -272,23 +506,28 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
         raise ValidationError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
-_OPTION_TYPES = {spec.name: spec.type for spec in fields(Options)}
-
-
 def _option_name(name: str) -> str:
     if name in _OPTION_TYPES:
         return name
-    close = difflib.get_close_matches(name, _OPTION_TYPES, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(_OPTION_TYPES)}"
+    if name in ALIASES:
+        return ALIASES[name]
+    known = [*_OPTION_TYPES, *ALIASES]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(known)}"
     raise ValidationError(f"unknown connection option {name!r}{hint}")
 
 
 def _parse_option(name: str, text: str) -> Any:
     kind = _OPTION_TYPES[_option_name(name)]
+    if kind.startswith("Mapping"):
+        raise ValidationError(
+            f"{name} cannot be given in a URL: pass it to af.connect as a keyword "
+            "(settings go in a URL as options=-c name=value)"
+        )
     if kind.endswith("| None") and text.lower() in ("none", "null", ""):
         return None
     try:
-        if kind == "bool":
+        if kind.startswith("bool"):
             if text.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
                 raise ValueError(text)
             return text.lower() in ("1", "true", "yes", "on")
@@ -298,4 +537,5 @@ def _parse_option(name: str, text: str) -> Any:
             return float(text)
         return text  # a str, or one of a Literal's strings (checked by _validate)
     except ValueError:
-        raise ValidationError(f"connection option {name}={text!r} is not a valid {kind}") from None
+        shown = "***" if _option_name(name) == "sslpassword" else repr(text)
+        raise ValidationError(f"connection option {name}={shown} is not a valid {kind}") from None

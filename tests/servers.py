@@ -26,7 +26,9 @@ In a test, through the fixtures (``pytest_plugins`` in tests/conftest.py)::
             await private_server.start()        # crash recovery; returns when ready
 
 ``private_server`` is the target's server (a test on a SQLite target is
-skipped). One server per dialect serves the whole session, shared by the
+skipped). ``tls_server`` is one with TLS (see :class:`TLSPostgresServer` and
+:class:`TLSMariaDBServer`), its throw-away certificates made by
+tests/certificates.py. One server per dialect serves the whole session, shared by the
 tests of both runtimes: starting one takes about a second (``initdb`` /
 ``mariadb-install-db``), a restart a tenth of that. After each test it is
 running again (resumed, or started if the test left it stopped), or replaced
@@ -64,6 +66,7 @@ from typing import IO, ClassVar, Literal
 import anyio.to_thread
 import pytest
 
+from tests.certificates import CLIENT_USER, make_certificates
 from tests.conftest import Target, required_dialects
 from tests.server_watchdog import signal_server
 
@@ -96,6 +99,7 @@ class PrivateServer(ABC):
     """
 
     dialect: ClassVar[str]
+    kind: ClassVar[str]  # which server of the dialect: the session has one of each kind
     service_user: ClassVar[str]  # the OS user the server runs as when we are root
     # How each stop mode is asked for: a signal to the server's main process.
     stop_signals: ClassVar[dict[StopMode, signal.Signals]]
@@ -316,6 +320,7 @@ class PostgresServer(PrivateServer):
     """PostgreSQL: ``initdb`` and ``postgres`` (see the module docstring)."""
 
     dialect = "postgresql"
+    kind = "postgresql"
     service_user = "postgres"
     # What pg_ctl sends for "stop -m fast" and "stop -m immediate" (SIGTERM
     # would be a smart shutdown, which waits for every client to disconnect).
@@ -359,17 +364,21 @@ class PostgresServer(PrivateServer):
         )
 
     def _after_first_start(self) -> None:
+        self._psql("CREATE DATABASE test", database="postgres")
+
+    def _psql(self, sql: str, *, database: str = "test") -> None:
+        """Run ``sql`` as the superuser."""
         self._run(
             [
                 str(self.bin / "psql"),
                 *("-X", "-q", "-w", "-h", "127.0.0.1", "-p", str(self.port)),
-                *("-U", "postgres", "-d", "postgres", "-c", "CREATE DATABASE test"),
+                *("-U", "postgres", "-d", database, "-c", sql),
             ],
-            what="CREATE DATABASE test",
+            what=sql,
         )
 
-    def _command(self) -> list[str]:
-        settings = {
+    def _settings(self) -> dict[str, str]:
+        return {
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
             "unix_socket_directories": str(self.directory),
@@ -377,6 +386,9 @@ class PostgresServer(PrivateServer):
             "synchronous_commit": "on",
             "timezone": "UTC",
         }
+
+    def _command(self) -> list[str]:
+        settings = self._settings()
         options = [arg for name, value in settings.items() for arg in ("-c", f"{name}={value}")]
         return [str(self.bin / "postgres"), "-D", str(self.data), *options]
 
@@ -390,10 +402,52 @@ class PostgresServer(PrivateServer):
         return len(lines) >= 8 and lines[0] == str(pid) and lines[7].strip() == "ready"
 
 
+class TLSPostgresServer(PostgresServer):
+    """PostgreSQL with TLS, for connections with and without it. Its
+    pg_hba.conf: the role ``certuser`` must come over TLS with a client
+    certificate (``hostssl ... cert``: the certificate's name is the role),
+    ``pwuser`` with its password (``PASSWORD``, scram-sha-256), everyone
+    else is trusted."""
+
+    kind = "postgresql+tls"
+    PASSWORD = "pw-Zr4-secret"
+
+    def _check_installed(self) -> None:
+        super()._check_installed()
+        self.openssl = find_program("openssl", "apt-get install openssl")
+
+    def _initialise(self) -> None:
+        super()._initialise()
+        self.certificates = make_certificates(self.openssl, self.directory / "tls", self._run_as)
+        (self.data / "pg_hba.conf").write_text(
+            "local   all all                      trust\n"
+            f"hostssl all {CLIENT_USER} 127.0.0.1/32 cert\n"
+            f"host    all {CLIENT_USER} 127.0.0.1/32 reject\n"
+            "host    all pwuser     127.0.0.1/32 scram-sha-256\n"
+            "host    all all        127.0.0.1/32 trust\n"
+        )
+
+    def _after_first_start(self) -> None:
+        super()._after_first_start()
+        self._psql(
+            f"CREATE ROLE {CLIENT_USER} LOGIN; CREATE ROLE pwuser LOGIN PASSWORD '{self.PASSWORD}'"
+        )
+
+    def _settings(self) -> dict[str, str]:
+        return {
+            **super()._settings(),
+            "ssl": "on",
+            "ssl_cert_file": str(self.certificates.server_cert),
+            "ssl_key_file": str(self.certificates.server_key),
+            "ssl_ca_file": str(self.certificates.ca),  # to check client certificates
+        }
+
+
 class MariaDBServer(PrivateServer):
     """MariaDB: ``mariadb-install-db`` and ``mariadbd`` (see the module docstring)."""
 
     dialect = "mysql"
+    kind = "mysql"
     service_user = "mysql"
     stop_signals: ClassVar[dict[StopMode, signal.Signals]] = {
         "clean": signal.SIGTERM,
@@ -407,6 +461,10 @@ class MariaDBServer(PrivateServer):
     @property
     def log(self) -> Path:
         return self.directory / "mariadb.log"
+
+    @property
+    def socket(self) -> Path:
+        return self.directory / "mysqld.sock"
 
     def _check_installed(self) -> None:
         self.mariadbd = find_program("mariadbd", "apt-get install mariadb-server")
@@ -441,7 +499,7 @@ class MariaDBServer(PrivateServer):
             *self._server_options(),
             "--bind-address=127.0.0.1",
             f"--port={self.port}",
-            f"--socket={self.directory / 'mysqld.sock'}",
+            f"--socket={self.socket}",
             f"--pid-file={self.directory / 'mysqld.pid'}",
             # As Debian configures the shared server:
             "--skip-name-resolve",
@@ -461,7 +519,45 @@ class MariaDBServer(PrivateServer):
         return len(greeting) == 5 and greeting[4] == 10
 
 
-SERVERS: dict[str, type[PrivateServer]] = {"postgresql": PostgresServer, "mysql": MariaDBServer}
+class TLSMariaDBServer(MariaDBServer):
+    """MariaDB with TLS, for connections with and without it; the user
+    ``certuser`` must present a client certificate (``REQUIRE X509``).
+    performance_schema is on, for the connection attributes."""
+
+    kind = "mysql+tls"
+
+    def _check_installed(self) -> None:
+        super()._check_installed()
+        self.client = find_program("mariadb", "apt-get install mariadb-client")
+        self.openssl = find_program("openssl", "apt-get install openssl")
+
+    def _initialise(self) -> None:
+        super()._initialise()
+        self.certificates = make_certificates(self.openssl, self.directory / "tls", self._run_as)
+
+    def _after_first_start(self) -> None:
+        sql = (
+            f"CREATE USER {CLIENT_USER}@'%' REQUIRE X509; GRANT ALL ON test.* TO {CLIENT_USER}@'%'"
+        )
+        self._run(
+            [str(self.client), "--no-defaults", "-S", str(self.socket), "-u", "root", "-e", sql],
+            what=sql,
+        )
+
+    def _command(self) -> list[str]:
+        return [
+            *super()._command(),
+            f"--ssl-ca={self.certificates.ca}",
+            f"--ssl-cert={self.certificates.server_cert}",
+            f"--ssl-key={self.certificates.server_key}",
+            "--performance-schema=ON",
+        ]
+
+
+SERVERS: dict[str, type[PrivateServer]] = {
+    server.kind: server
+    for server in (PostgresServer, MariaDBServer, TLSPostgresServer, TLSMariaDBServer)
+}
 
 
 def postgres_bin() -> Path:
@@ -519,25 +615,25 @@ def free_port() -> int:
 
 
 class PrivateServers:
-    """The session's private servers: one per dialect, started on first use."""
+    """The session's private servers: one per kind, started on first use."""
 
     def __init__(self) -> None:
         self.servers: dict[str, PrivateServer] = {}
-        self.unavailable: dict[str, str] = {}  # dialect -> why it cannot run here
+        self.unavailable: dict[str, str] = {}  # kind -> why it cannot run here
         self.retired: list[PrivateServer] = []  # replaced or closed: for the summary
 
-    def get(self, dialect: str) -> PrivateServer:
-        """The running server for ``dialect``; raises ServerUnavailable."""
-        if dialect in self.unavailable:
-            raise ServerUnavailable(self.unavailable[dialect])
-        server = self.servers.get(dialect)
+    def get(self, kind: str) -> PrivateServer:
+        """The running server of ``kind`` (a key of SERVERS); raises ServerUnavailable."""
+        if kind in self.unavailable:
+            raise ServerUnavailable(self.unavailable[kind])
+        server = self.servers.get(kind)
         if server is None:
             try:
-                server = SERVERS[dialect]()
+                server = SERVERS[kind]()
             except ServerUnavailable as exc:
-                self.unavailable[dialect] = str(exc)
+                self.unavailable[kind] = str(exc)
                 raise
-            self.servers[dialect] = server
+            self.servers[kind] = server
             try:
                 server.create_blocking()
             except BaseException:
@@ -558,8 +654,8 @@ class PrivateServers:
 
     def discard(self, server: PrivateServer) -> None:
         server.close()
-        if self.servers.get(server.dialect) is server:
-            del self.servers[server.dialect]
+        if self.servers.get(server.kind) is server:
+            del self.servers[server.kind]
         self.retired.append(server)
 
     def close(self) -> None:
@@ -577,7 +673,7 @@ class PrivateServers:
                 else f"{what} {times[0]:.2f}s"
                 for what, times in kinds.items()
             )
-            yield f"{server.dialect} on port {server.port}: {listed}"
+            yield f"{server.kind} on port {server.port}: {listed}"
 
 
 SERVERS_KEY = pytest.StashKey[PrivateServers]()
@@ -599,20 +695,35 @@ def private_server(target: Target, private_servers: PrivateServers) -> Iterator[
     runs again (see the module docstring). Skips on SQLite (embedded: no
     server); where the server or the driver is not installed, skips — or
     fails, if AIOFRAGNO_REQUIRE_BACKENDS names the dialect."""
+    yield from _server(target, private_servers, target.dialect)
+
+
+@pytest.fixture
+def tls_server(target: Target, private_servers: PrivateServers) -> Iterator[TLSServer]:
+    """As ``private_server``, a server with TLS (TLSPostgresServer, TLSMariaDBServer)."""
+    for server in _server(target, private_servers, f"{target.dialect}+tls"):
+        assert isinstance(server, TLSPostgresServer | TLSMariaDBServer)
+        yield server
+
+
+TLSServer = TLSPostgresServer | TLSMariaDBServer
+
+
+def _server(target: Target, servers: PrivateServers, kind: str) -> Iterator[PrivateServer]:
     if target.dialect == "sqlite":
-        pytest.skip("SQLite is embedded: there is no server to restart, crash or stall")
+        pytest.skip("SQLite is embedded: there is no server to restart, crash, stall or encrypt")
     try:
         if importlib.util.find_spec(target.module) is None:
             raise ServerUnavailable(
                 f"driver {target.module} is not installed (pip install 'aiofragno[all]')"
             )
-        server = private_servers.get(target.dialect)
+        server = servers.get(kind)
     except ServerUnavailable as exc:
         if target.dialect in required_dialects():
             pytest.fail(f"{exc}; AIOFRAGNO_REQUIRE_BACKENDS requires {target.dialect}")
         pytest.skip(str(exc))
     yield server
-    private_servers.reset(server)
+    servers.reset(server)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

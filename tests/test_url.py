@@ -3,7 +3,9 @@ bad ones (always :class:`af.ValidationError`, raised before anything is opened).
 
 from __future__ import annotations
 
+import os
 import socket
+import ssl
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -12,7 +14,9 @@ import pytest
 
 import aiofragno as af
 from aiofragno.backends import BACKENDS
-from aiofragno.url import DatabaseURL, Options, parse_url
+from aiofragno.libpq import from_environment, parse_options, server_settings
+from aiofragno.resilience import is_retryable_loss
+from aiofragno.url import ALIASES, SSL_MODES, DatabaseURL, Options, parse_url, redact_url
 
 # --------------------------------------------------------------------------- parse_url: SQLite
 
@@ -325,9 +329,22 @@ def test_query_string_coercion(query: dict[str, str], expected: dict[str, Any]) 
 
 def test_connect_options_type_every_option() -> None:
     """af.connect's keyword arguments (ConnectOptions) are exactly the Options
-    fields, each optional and of the field's type: a new option goes in both."""
-    assert get_type_hints(af.ConnectOptions) == get_type_hints(Options), (
-        "add every Options field to ConnectOptions (aiofragno/url.py), with the same type"
+    fields and their other spellings (ALIASES), each optional and of the
+    field's type (a file option may be given as a path object): a new option
+    goes in both."""
+    from aiofragno.url import ALIASES, TLS_FILE_OPTIONS
+
+    fields = get_type_hints(Options)
+    keywords = get_type_hints(af.ConnectOptions)
+    expected = {**fields, **{alias: fields[name] for alias, name in ALIASES.items()}}
+    for name in keywords.keys() & expected.keys():
+        if ALIASES.get(name, name) in TLS_FILE_OPTIONS and name not in (
+            "sslpassword",
+            "ssl_key_password",
+        ):
+            expected[name] = str | os.PathLike[str] | None
+    assert keywords == expected, (
+        "add every Options field (and alias) to ConnectOptions (aiofragno/url.py), with its type"
     )
     assert af.ConnectOptions.__required_keys__ == frozenset()
 
@@ -396,9 +413,9 @@ def test_unknown_option_suggests(name: str, suggestion: str, where: str) -> None
 
 def test_unknown_option_without_a_close_match_lists_the_known_ones() -> None:
     with pytest.raises(af.ValidationError) as info:
-        DEFAULTS.merged({"sslmode": "require"}, {})
+        DEFAULTS.merged({"frobnicate": "yes"}, {})
     message = str(info.value)
-    assert "'sslmode'" in message
+    assert "'frobnicate'" in message
     for spec in fields(Options):
         assert spec.name in message
 
@@ -657,3 +674,375 @@ async def test_connect_busy_timeout_none(tmp_path: Path) -> None:
     NoneType", reported as a DatabaseError)."""
     with pytest.raises(af.ValidationError, match="busy_timeout"):
         await af.connect(f"sqlite:///{tmp_path}/x.db", busy_timeout=None)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ Unix sockets
+
+
+@pytest.mark.parametrize(
+    ("url", "host", "port"),
+    [
+        ("postgresql://%2Fvar%2Frun%2Fpostgresql/test", "/var/run/postgresql", None),
+        ("postgresql://u@%2Ftmp%2FMixed%20Case:5433/test", "/tmp/Mixed Case", 5433),
+        ("postgresql://u@%2ftmp/test", "/tmp", None),
+        ("postgresql:///test?host=/var/run/postgresql", "/var/run/postgresql", None),
+        ("postgresql://u@/test?host=%2Ftmp", "/tmp", None),
+        ("postgresql://db.example.com/test?host=/tmp", "/tmp", None),  # as libpq: host= wins
+        ("postgresql:///test?host=other.example.com", "other.example.com", None),
+        ("mysql://root@%2Frun%2Fmysqld%2Fmysqld.sock/test", "/run/mysqld/mysqld.sock", None),
+        (
+            "mysql://root@localhost/test?unix_socket=/run/mysqld/mysqld.sock",
+            "/run/mysqld/mysqld.sock",
+            None,
+        ),
+        ("mariadb://root@/test?unix_socket=%2Ftmp%2Fm.sock", "/tmp/m.sock", None),
+    ],
+)
+def test_unix_socket_hosts(url: str, host: str, port: int | None) -> None:
+    parsed = parse_url(url)
+    assert (parsed.host, parsed.port) == (host, port)
+    assert parsed.unix_socket == (host if host.startswith("/") else None)
+    assert "host" not in parsed.query
+    assert "unix_socket" not in parsed.query
+    again = parse_url(parsed.describe())  # (shown percent-encoded)
+    assert (again.host, again.port, again.database) == (host, port, "test")
+
+
+def test_tcp_hosts_are_no_sockets() -> None:
+    for url in ("postgresql://db.example.com/x", "mysql://127.0.0.1/x", "postgresql://[::1]/x"):
+        assert parse_url(url).unix_socket is None
+
+
+def test_a_relative_unix_socket_is_refused() -> None:
+    with pytest.raises(af.ValidationError, match="absolute path"):
+        parse_url("mysql://root@localhost/test?unix_socket=mysqld.sock")
+
+
+@pytest.mark.parametrize(
+    "url", ["mysql://root@localhost/test?host=/tmp", "postgresql:///test?unix_socket=/tmp/s"]
+)
+def test_the_other_dialects_socket_parameter_is_unknown(url: str) -> None:
+    parsed = parse_url(url)
+    with pytest.raises(af.ValidationError, match="unknown connection option"):
+        DEFAULTS.merged(parsed.query, {})
+
+
+# ------------------------------------------------------------------ TLS and session options
+
+
+@pytest.mark.parametrize("mode", SSL_MODES)
+def test_libpq_ssl_modes(mode: str) -> None:
+    assert DEFAULTS.merged({"sslmode": mode}, {}).sslmode == mode
+    assert DEFAULTS.merged({}, {"sslmode": mode}).sslmode == mode
+
+
+@pytest.mark.parametrize(
+    ("spelling", "mode"),
+    [
+        ("DISABLED", "disable"),
+        ("PREFERRED", "prefer"),
+        ("REQUIRED", "require"),
+        ("VERIFY_CA", "verify-ca"),
+        ("VERIFY_IDENTITY", "verify-full"),
+        ("verify_identity", "verify-full"),
+    ],
+)
+def test_mysql_ssl_modes(spelling: str, mode: str) -> None:
+    assert DEFAULTS.merged({"ssl_mode": spelling}, {}).sslmode == mode
+    assert DEFAULTS.merged({"sslmode": spelling}, {}).sslmode == mode
+
+
+@pytest.mark.parametrize("value", ["on", "Require", "verify_full", "strict", "none-of-these"])
+def test_unknown_ssl_modes_name_the_choices(value: str) -> None:
+    with pytest.raises(af.ValidationError) as info:
+        DEFAULTS.merged({"sslmode": value}, {})
+    message = str(info.value)
+    assert repr(value) in message
+    for choice in (*SSL_MODES, "VERIFY_IDENTITY"):
+        assert choice in message
+
+
+def test_pymysql_names_are_other_spellings() -> None:
+    query = {
+        "ssl_ca": "/ca.pem",
+        "ssl_cert": "/c.pem",
+        "ssl_key": "/k.pem",
+        "ssl_key_password": "pw",
+    }
+    options = DEFAULTS.merged(query, {})
+    assert (options.sslrootcert, options.sslcert, options.sslkey, options.sslpassword) == (
+        "/ca.pem",
+        "/c.pem",
+        "/k.pem",
+        "pw",
+    )
+    assert DEFAULTS.merged({}, {"ssl_ca": Path("/ca.pem")}).sslrootcert == "/ca.pem"
+    for alias, name in ALIASES.items():
+        with pytest.raises(af.ValidationError, match=f"{name} and {alias} are the same option"):
+            DEFAULTS.merged({name: "require", alias: "disable"}, {})
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({"ssl": "true"}, True),
+        ({"ssl": "false"}, False),
+        ({"ssl": "none"}, None),
+        ({"ssl_verify_cert": "yes"}, None),
+    ],
+)
+def test_ssl_from_the_url(query: dict[str, str], expected: bool | None) -> None:
+    assert DEFAULTS.merged(query, {}).ssl is expected
+
+
+def test_ssl_keyword_takes_an_ssl_context() -> None:
+    context = ssl.create_default_context()
+    assert DEFAULTS.merged({}, {"ssl": context}).ssl is context
+    for wrong in ("yes", 1, {"ca": "x"}):
+        with pytest.raises(af.ValidationError, match="ssl must be"):
+            DEFAULTS.merged({}, {"ssl": wrong})
+
+
+def test_a_source_saying_how_tls_is_used_replaces_what_lower_ones_said() -> None:
+    """Like every option, the keyword wins; here its one subject is how TLS
+    is used, however the URL spelled that (or the environment, under it)."""
+    options = DEFAULTS.merged({"sslmode": "verify-full", "sslrootcert": "/ca.pem"}, {"ssl": True})
+    assert (options.sslmode, options.ssl, options.sslrootcert) == (None, True, "/ca.pem")
+    options = DEFAULTS.merged({"ssl": "true", "ssl_verify_cert": "1"}, {"sslmode": "disable"})
+    assert (options.sslmode, options.ssl, options.ssl_verify_cert) == ("disable", None, None)
+    context = ssl.create_default_context()
+    options = DEFAULTS.merged({"sslrootcert": "/ca.pem", "sslcert": "/c.pem"}, {"ssl": context})
+    assert (options.ssl, options.sslrootcert, options.sslcert) == (context, None, None)
+
+
+def test_server_settings_are_a_keyword_only() -> None:
+    assert DEFAULTS.merged({}, {"server_settings": {"work_mem": "8MB"}}).server_settings == {
+        "work_mem": "8MB"
+    }
+    with pytest.raises(af.ValidationError, match="options=-c name=value"):
+        DEFAULTS.merged({"server_settings": "work_mem=8MB"}, {})
+    with pytest.raises(af.ValidationError, match="server_settings"):
+        DEFAULTS.merged({}, {"server_settings": {"work_mem": 8}})
+
+
+@pytest.mark.parametrize("charset", ["utf8mb4", "UTF8MB4"])
+def test_charset_utf8mb4(charset: str) -> None:
+    assert DEFAULTS.merged({"charset": charset}, {}).charset == charset
+
+
+@pytest.mark.parametrize("charset", ["utf8", "latin1", "utf8mb3", ""])
+def test_other_charsets_are_refused(charset: str) -> None:
+    with pytest.raises(af.ValidationError) as info:
+        DEFAULTS.merged({"charset": charset}, {})
+    assert "utf8mb4" in str(info.value)
+    assert repr(charset) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("dialect", "name", "value"),
+    [
+        ("sqlite", "sslmode", "require"),
+        ("sqlite", "sslrootcert", "/ca.pem"),
+        ("sqlite", "ssl", True),
+        ("sqlite", "application_name", "x"),
+        ("mysql", "options", "-c work_mem=8MB"),
+        ("mysql", "server_settings", {"work_mem": "8MB"}),
+        ("postgresql", "charset", "UTF8MB4"),
+        ("sqlite", "charset", "UTF8MB4"),
+    ],
+)
+def test_options_for_another_dialect_are_refused(dialect: str, name: str, value: Any) -> None:
+    options = DEFAULTS.merged({}, {name: value})
+    with pytest.raises(af.ValidationError, match=f"{name} is an option for .*not {dialect}"):
+        options.check_dialect(dialect)
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "mysql", "sqlite"])
+def test_defaults_suit_every_dialect(dialect: str) -> None:
+    DEFAULTS.check_dialect(dialect)
+
+
+SECRET = "Zt8-secret-key-password"
+
+
+def test_sslpassword_is_never_shown() -> None:
+    options = DEFAULTS.merged({"sslpassword": SECRET}, {})
+    assert SECRET not in repr(options)
+    url = f"postgresql://u:pw@h:x/db?sslmode=require&sslpassword={SECRET}&ssl_key_password={SECRET}"
+    assert SECRET not in redact_url(url)
+    assert "sslmode=require" in redact_url(url)
+    with pytest.raises(af.ValidationError) as info:
+        parse_url(url)
+    assert SECRET not in str(info.value)
+    assert SECRET not in repr(parse_url(f"postgresql://h/db?sslpassword={SECRET}"))
+    with pytest.raises(af.ValidationError) as info:
+        DEFAULTS.merged({}, {"sslpassword": SECRET.encode()})
+    assert SECRET not in str(info.value)
+    assert "bytes" in str(info.value)
+
+
+# ------------------------------------------------------------------ libpq: options string
+
+
+@pytest.mark.parametrize(
+    ("text", "settings"),
+    [
+        ("", {}),
+        ("-c statement_timeout=5s", {"statement_timeout": "5s"}),
+        ("-cwork_mem=8MB  --lock-timeout=2s", {"work_mem": "8MB", "lock_timeout": "2s"}),
+        ("-c search_path=a,\\ b", {"search_path": "a, b"}),
+        ("-c x.y=1 -c x.y=2", {"x.y": "2"}),
+        ("-c geqo=", {"geqo": ""}),
+    ],
+)
+def test_libpq_options_string(text: str, settings: dict[str, str]) -> None:
+    assert parse_options(text) == settings
+
+
+@pytest.mark.parametrize("text", ["-c", "statement_timeout=5s", "-c foo", "--=1", "-B 100", "-d 5"])
+def test_bad_libpq_options_strings(text: str) -> None:
+    with pytest.raises(af.ValidationError, match="-c name=value"):
+        parse_options(text)
+
+
+def test_session_settings() -> None:
+    options = DEFAULTS.merged(
+        {"options": "-c statement_timeout=5s -c lock_timeout=1s", "application_name": "app"},
+        {"server_settings": {"lock_timeout": "2s"}, "search_path": "tenant"},
+    )
+    assert server_settings(options) == {
+        "application_name": "app",
+        "statement_timeout": "5s",
+        "lock_timeout": "2s",
+        "TimeZone": "UTC",
+        "search_path": "tenant",
+    }
+    assert server_settings(DEFAULTS) == {"application_name": "aiofragno", "TimeZone": "UTC"}
+
+
+@pytest.mark.parametrize(
+    ("given", "why"),
+    [
+        ({"options": "-c TimeZone=Europe/Paris"}, "UTC"),
+        ({"server_settings": {"timezone": "UTC"}}, "UTC"),
+        ({"options": "-c application_name=x"}, "application_name option"),
+        ({"options": "-c client_encoding=LATIN1"}, "UTF8"),
+        ({"options": "-c search_path=a", "search_path": "b"}, "search_path option"),
+    ],
+)
+def test_settings_aiofragno_owns_are_refused(given: dict[str, Any], why: str) -> None:
+    with pytest.raises(af.ValidationError, match=why):
+        server_settings(DEFAULTS.merged({}, given))
+
+
+# ------------------------------------------------------------------ libpq: environment
+
+
+def test_environment_fills_what_the_url_leaves_out() -> None:
+    environ = {
+        "PGHOST": "/var/run/postgresql",
+        "PGPORT": "5433",
+        "PGUSER": "alice",
+        "PGPASSWORD": SECRET,
+        "PGDATABASE": "shop",
+        "PGSSLMODE": "verify-full",
+        "PGSSLROOTCERT": "/ca.pem",
+        "PGSSLCERT": "/c.pem",
+        "PGSSLKEY": "/k.pem",
+        "PGAPPNAME": "billing",
+        "PGOPTIONS": "-c work_mem=8MB",
+        "PGCONNECT_TIMEOUT": "4",
+        "HOME": "/nowhere",
+    }
+    url, options = from_environment(parse_url("postgresql://"), environ)
+    assert (url.host, url.port, url.username, url.password, url.database) == (
+        "/var/run/postgresql",
+        5433,
+        "alice",
+        SECRET,
+        "shop",
+    )
+    assert (options.sslmode, options.sslrootcert, options.sslcert, options.sslkey) == (
+        "verify-full",
+        "/ca.pem",
+        "/c.pem",
+        "/k.pem",
+    )
+    assert (options.application_name, options.options, options.connect_timeout) == (
+        "billing",
+        "-c work_mem=8MB",
+        4.0,
+    )
+    # The URL wins, part by part (an empty password is a password)...
+    url, _ = from_environment(parse_url("postgresql://bob:@db.example.com/crm"), environ)
+    assert (url.host, url.port, url.username, url.password, url.database) == (
+        "db.example.com",
+        5433,
+        "bob",
+        "",
+        "crm",
+    )
+    # ... and its options over the environment's, keywords over both.
+    merged = options.merged({"ssl": "true", "application_name": "url"}, {"application_name": "kw"})
+    assert (merged.sslmode, merged.ssl, merged.application_name) == (None, True, "kw")
+
+
+def test_empty_variables_count_as_unset() -> None:
+    url, options = from_environment(parse_url("postgresql://"), {"PGHOST": "", "PGSSLMODE": ""})
+    assert url.host is None
+    assert options == DEFAULTS
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("PGSSLMODE", "sometimes", "verify-full"),
+        ("PGPORT", "54x", "port"),
+        ("PGPORT", "70000", "port"),
+        ("PGHOST", "db1,db2", "several hosts"),
+        ("PGCONNECT_TIMEOUT", "0", "positive"),
+        ("PGOPTIONS", "-B 10", "-c name=value"),
+    ],
+)
+def test_bad_environment_variables_are_named(variable: str, value: str, says: str) -> None:
+    with pytest.raises(af.ValidationError) as info:
+        _, options = from_environment(parse_url("postgresql://"), {variable: value})
+        server_settings(options)
+    assert says in str(info.value)
+    if variable != "PGOPTIONS":  # (checked when the settings are built)
+        assert variable in str(info.value)
+
+
+def test_tls_errors_are_not_retried() -> None:
+    error = af.TLSError("the certificate failed verification")
+    assert isinstance(error, af.DatabaseError)
+    assert not isinstance(error, af.DatabaseUnavailable | af.ConnectionLost)
+    assert not is_retryable_loss(error)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("scheme", "query", "says"),
+    [
+        ("postgresql", "sslmode=sometimes", "sslmode"),
+        (
+            "postgresql",
+            "sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
+            "/nonexistent/ca.pem",
+        ),
+        ("postgresql", "sslmode=verify-ca", "sslrootcert"),
+        ("postgresql", "options=-B%2010", "-c name=value"),
+        ("postgresql", "charset=latin1", "utf8mb4"),
+        ("mysql", "charset=latin1", "utf8mb4"),
+        ("mysql", "ssl_mode=REQUIRED&ssl=false", "disagree"),
+        ("mysql", "sslmode=allow", "MySQL has no sslmode 'allow'"),
+        ("mysql", "ssl_verify_identity=true&ssl_verify_cert=false", "ssl_verify_cert"),
+    ],
+)
+async def test_connect_checks_tls_and_session_options_before_connecting(
+    scheme: str, query: str, says: str
+) -> None:
+    url = f"{scheme}://root@127.0.0.1:{_refused_port()}/test?{query}"
+    with pytest.raises(af.ValidationError) as info:
+        await af.connect(url)
+    assert says in str(info.value)

@@ -20,10 +20,12 @@ from typing import Any
 
 import asyncmy
 import asyncmy.errors
+from asyncmy.connection import Connection as RawConnection
 from asyncmy.constants import CLIENT, FIELD_TYPE
 from asyncmy.constants.SERVER_STATUS import SERVER_STATUS_AUTOCOMMIT, SERVER_STATUS_IN_TRANS
 from asyncmy.converters import escape_date, escape_datetime, escape_time, escape_timedelta
 
+from .. import tls as tls_
 from ..dialects import mysql
 from ..driver import (
     COMMIT,
@@ -369,13 +371,20 @@ class Restore:
         return cls(";\n".join(statements), url.database or None)
 
 
-async def kill_query(url: DatabaseURL, options: Options, thread_id: int, session: str) -> None:
+async def kill_query(
+    url: DatabaseURL,
+    options: Options,
+    thread_id: int,
+    session: str,
+    *,
+    tls: tls_.TLS | None = None,
+) -> None:
     """Stop the statement running on connection ``thread_id``, from a new
     connection, if that connection still holds the session lock ``session``.
     The server hands out connection ids afresh after a restart, so the id
     alone could name someone else's connection by now; the lock names ours."""
     async with asyncio.timeout(options.connect_timeout):
-        killer = await open_raw(url, options)
+        killer = await open_raw(url, options, tls)
     try:
         async with killer.cursor() as cursor:
             await cursor.execute(mysql.SESSION_HOLDER_SQL, (session,))
@@ -387,13 +396,16 @@ async def kill_query(url: DatabaseURL, options: Options, thread_id: int, session
 
 
 def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
-    kill = functools.partial(kill_query, url, options)
+    # Checked (and certificate files read) here, once: a bad setting is a
+    # ValidationError before anything is sent.
+    tls = tls_.configure(url, options)
+    kill = functools.partial(kill_query, url, options, tls=tls)
 
     async def connect() -> AsyncmyConnection:
         # asyncmy's connect_timeout covers the TCP connect only, not the handshake.
         session = f"aiofragno-session-{os.urandom(12).hex()}"
         async with asyncio.timeout(options.connect_timeout):
-            raw = await open_raw(url, options)
+            raw = await open_raw(url, options, tls)
             try:
                 async with raw.cursor() as cursor:
                     await cursor.execute(mysql.SESSION_LOCK_SQL, (session,))
@@ -418,18 +430,52 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
     )
 
 
-async def open_raw(url: DatabaseURL, options: Options) -> Any:
-    """An asyncmy connection with the backend's settings, no session lock taken."""
-    return await asyncmy.connect(
-        host=url.host or "localhost",
-        port=url.port or 3306,
-        user=url.username or "root",
-        password=url.password or "",
-        database=url.database or None,
-        charset="utf8mb4",
-        autocommit=True,
-        client_flag=CLIENT.FOUND_ROWS,
-        connect_timeout=options.connect_timeout,
-        read_timeout=options.command_timeout,
-        init_command=mysql.SESSION_SQL,
+async def open_raw(url: DatabaseURL, options: Options, tls: tls_.TLS | None = None) -> Any:
+    """An asyncmy connection with the backend's settings, no session lock
+    taken; over TLS as ``tls`` says (default: as ``options`` say)."""
+    tls = tls or tls_.configure(url, options)
+    arguments = _arguments(url, options)
+    if tls.context is None:
+        return await asyncmy.connect(**arguments)
+    # (Made here rather than by asyncmy.connect, to see its greeting after a failure.)
+    raw = RawConnection(**arguments, ssl=tls.context)  # type: ignore[no-untyped-call]
+    try:
+        await raw.connect()
+        return raw
+    except Exception as exc:
+        # asyncmy asks for TLS even of a server whose greeting offered none.
+        offers_tls = _offers_tls(raw)
+        if not (tls.mode == "prefer" and offers_tls is False):
+            address = f"{arguments['host']}:{arguments['port']}"
+            error = tls_.failure(exc, address=address, tls=tls, offers_tls=offers_tls)
+            if error is not None:
+                raise error from exc
+            raise
+    return await asyncmy.connect(**arguments)  # prefer: the server has no TLS
+
+
+def _arguments(url: DatabaseURL, options: Options) -> dict[str, Any]:
+    where = (
+        {"unix_socket": url.unix_socket}
+        if url.unix_socket
+        else {"host": url.host or "localhost", "port": url.port or 3306}
     )
+    return {
+        **where,
+        "user": url.username or "root",
+        "password": url.password or "",
+        "database": url.database or None,
+        "charset": "utf8mb4",
+        "autocommit": True,
+        "client_flag": CLIENT.FOUND_ROWS,
+        "connect_timeout": options.connect_timeout,
+        "read_timeout": options.command_timeout,
+        "init_command": mysql.SESSION_SQL,
+        "program_name": options.application_name,
+    }
+
+
+def _offers_tls(raw: Any) -> bool | None:
+    """Whether the server's greeting offered TLS; None if none was read."""
+    capabilities = getattr(raw, "server_capabilities", None)
+    return None if capabilities is None else bool(capabilities & CLIENT.SSL)

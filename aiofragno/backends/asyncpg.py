@@ -7,9 +7,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 import asyncpg
 
+from .. import tls as tls_
 from ..dialects import postgresql
 from ..driver import (
     CompiledQuery,
@@ -29,6 +31,7 @@ from ..errors import (
     QueryCanceled,
     ValidationError,
 )
+from ..libpq import server_settings
 from ..pool import PooledDialect
 from ..url import DatabaseURL, Options
 
@@ -244,6 +247,23 @@ _closing: set[asyncio.Future[None]] = set()
 
 def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
     kinds = StatementKinds()
+    # Settings and TLS are checked (and certificate files read) here, once:
+    # a bad one is a ValidationError before anything is sent.
+    settings = server_settings(options)
+    tls = tls_.configure(url, options)
+    host, port = url.host or "localhost", url.port or 5432
+    address = url.unix_socket or f"{host}:{port}"
+    arguments: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "user": url.username or "postgres",
+        "database": url.database or None,
+        "timeout": options.connect_timeout,
+        "server_settings": settings,
+        **_tls_arguments(tls),
+    }
+    if url.password is not None:
+        arguments["password"] = url.password
 
     async def connect() -> AsyncpgConnection:
         # asyncpg's connect, cancelled half-way, leaves a future whose error
@@ -258,22 +278,15 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
             raise
 
     async def open_connection() -> AsyncpgConnection:
-        params: dict[str, Any] = {
-            "host": url.host or "localhost",
-            "port": url.port or 5432,
-            "user": url.username or "postgres",
-            "database": url.database or None,
-        }
-        if url.password is not None:
-            params["password"] = url.password
-        settings = {"application_name": "aiofragno", "TimeZone": "UTC"}
-        if options.search_path:
-            settings["search_path"] = options.search_path
-        raw = await asyncpg.connect(
-            **params,
-            timeout=options.connect_timeout,
-            server_settings=settings,
-        )
+        try:
+            raw = await asyncpg.connect(**arguments)
+        except Exception as exc:
+            # asyncpg says only in words that the server answered "no TLS here".
+            refused = isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc)
+            error = tls_.failure(exc, address=address, tls=tls, offers_tls=not refused)
+            if error is not None:
+                raise error from exc
+            raise
         try:
             session = await raw.fetchval(postgresql.SESSION_SQL, timeout=options.connect_timeout)
         except BaseException:
@@ -291,3 +304,14 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         pool_size=options.pool_size,
         bound_to_loop=True,
     )
+
+
+def _tls_arguments(tls: tls_.TLS) -> dict[str, Any]:
+    """asyncpg's arguments for ``tls``. In the modes that may fall back to
+    plain, asyncpg builds the context (it falls back on the same socket):
+    only the client certificate is ours to give, as libpq parameters."""
+    if tls.mode not in ("allow", "prefer"):
+        return {"ssl": tls.context or False}
+    files = {"sslcert": tls.cert, "sslkey": tls.key, "sslpassword": tls.password}
+    given = {name: value for name, value in files.items() if value}
+    return {"ssl": tls.mode, **({"dsn": "postgresql://?" + urlencode(given)} if given else {})}

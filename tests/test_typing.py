@@ -20,6 +20,8 @@ import aiofragno
 
 # README-style use: must type-check under --strict, with these types.
 GOOD = """
+import ssl
+from pathlib import Path
 from typing import Any, assert_type
 
 import aiofragno as af
@@ -49,6 +51,10 @@ async def connecting(naming: NamingStrategy) -> None:
     await af.connect("sqlite:///app.db", backend="aiosqlite", acquire_timeout=5, pre_ping=True)
     await af.connect("sqlite:///app.db", naming="suffix", sqlite_timestamps="iso-text")
     await af.connect("postgresql:///app", naming=naming, naive_datetimes="utc", search_path="s")
+    await af.connect("postgresql://db.example.com/app", sslmode="verify-full", sslrootcert=Path("ca.pem"))
+    await af.connect("mysql://db.example.com/app", ssl_ca="ca.pem", ssl_verify_identity=True)
+    await af.connect("postgresql://db/app", ssl=ssl.create_default_context(), application_name="api")
+    await af.connect("postgresql://db/app", server_settings={"statement_timeout": "5s"})
     options: af.ConnectOptions = {"outbox": True, "max_idle": None}
     async with af.connect("sqlite:///app.db", **options) as db:
         assert_type(db, af.Database)
@@ -88,6 +94,7 @@ async def raw_sql(db: af.Database, tx: af.Transaction) -> None:
 
 async def connecting(url: str) -> None:
     await af.connect(url, pool_sise=3)  # E: Unexpected keyword argument "pool_sise"
+    await af.connect(url, ssl="yes")  # E: Argument "ssl" to "connect" has incompatible type
     await af.connect(url, pool_size="3")  # E: "pool_size" to "connect" has incompatible type "str"; expected "int"
     await af.connect(url, acquire_timeout=None)  # E: "acquire_timeout" to "connect" has incompatible type "None"
     await af.connect(url, naming="suffixes")  # E: "naming" to "connect" has incompatible type "Literal['suffixes']"

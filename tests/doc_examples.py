@@ -125,8 +125,14 @@ class ProjectFileParser:
             return None
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(project), str(ROOT)])}
         env.pop("AIOFRAGNO_TEST_URL", None)
+        # Only the plugins the examples use: loading every installed one
+        # (hypothesis, OpenTelemetry's, ...) doubles the run's start-up.
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        plugins = ["pytest_asyncio.plugin", "anyio.pytest_plugin", "aiofragno.testing"]
         run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", relative],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+            + [arg for plugin in plugins for arg in ("-p", plugin)]
+            + [relative],
             cwd=project,
             env=env,
             capture_output=True,

@@ -1,6 +1,6 @@
 """aiofragno: an async-first database layer for asyncio and trio.
 
-The public API, re-exported; see the README for examples.
+The public API, re-exported; see docs/ for guides with examples.
 """
 
 from .backends import BackendNotInstalled

@@ -58,7 +58,7 @@ class RowId(str):
     ``internal_id`` and ``table`` (a :class:`TableIdentity`) when it was read
     from the database — ``table`` also when ``create`` returned it. The
     internal id and version are trusted only by the table they came from;
-    see the README's *Units of work*."""
+    see the Units of work guide (docs/units-of-work.md)."""
 
     version: int | None
     internal_id: int | None

@@ -123,7 +123,8 @@ class ProjectFileParser:
             f.write(source + "\n")
         if not path.name.startswith("test_"):
             return None
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(project), str(ROOT)])}
+        path = [str(project), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         env.pop("AIOFRAGNO_TEST_URL", None)
         # Only the plugins the examples use: loading every installed one
         # (hypothesis, OpenTelemetry's, ...) doubles the run's start-up.

@@ -179,14 +179,15 @@ async def cmd_doctor(args: argparse.Namespace) -> None:
 
 
 async def doctor(db: Database) -> None:
+    engine = db._engine  # (the adapter is internal; doctor shows its flags)
+    adapter = engine.adapter
     report: dict[str, Any] = {
         "url": db.url.describe(),
         "backend": db.backend,
         "healthy": await db.is_healthy(),
-        "server_version": await db.fetch_value(db.raw(db.adapter.version_sql)),
+        "server_version": await db.fetch_value(engine.raw(adapter.version_sql)),
         "server_time": (await db.now()).isoformat(),
     }
-    adapter = db.adapter
     report["capabilities"] = {
         name: getattr(adapter, name)
         for name in (

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Generator
+import warnings
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
 from . import libpq, runtime
 from .backends import choose_backend, create_dialect
-from .codec import ValueCodec, as_utc
+from .codec import as_utc
 from .driver import (
     ISOLATION_LEVELS,
     CompiledQuery,
@@ -19,28 +20,18 @@ from .driver import (
     IsolationLevel,
     QueryResult,
 )
-from .errors import (
-    ConnectionLost,
-    DatabaseClosed,
-    DatabaseUnavailable,
-    Error,
-    ProgrammingError,
-    QueryCanceled,
-    ValidationError,
-)
-from .lost_session import end_session
+from .engine import Engine
+from .errors import Error, ValidationError
+from .lost_session import end_session_reconnecting
 from .migrate import Ddl, MigrationResult
 from .migrate import migrate as run_migration
 from .migration_lock import DEFAULT_LOCK_TIMEOUT, check_lock_timeout
 from .naming import Layout, PhysicalNames, resolve_naming
 from .outbox import OutboxReader
-from .outbox.writer import OutboxStatements
 from .ownership import INTERNAL_TABLES
-from .resilience import Deadline, retry_read, shared_deadline
 from .schema import Schema, TableIdentity, _check_name
-from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
+from .session import Queries, TransactionContext
 from .sql import Fragment
-from .stats import Stats
 from .uow import execute_uow as run_uow
 from .uow.catalog import Catalog
 from .uow.executor import UowHooks
@@ -61,32 +52,28 @@ class Database(Queries):
     """
 
     def __init__(self, dialect: Dialect, url: DatabaseURL, options: Options, backend: str) -> None:
+        # What the features run on (aiofragno.engine); this is the facade over it.
+        self._engine = engine = Engine(dialect, url, options, backend)
         self.dialect = dialect
         self.url = url
         self.options = options
         self.backend = backend
-        self.adapter: DialectAdapter = dialect.create_adapter()
-        self.compiler = dialect.create_query_compiler()
-        self._driver = dialect.create_driver()
-        self._closed = False
-        self.codec = ValueCodec(self.adapter.storage, naive_datetimes=options.naive_datetimes)
-        self.naming = resolve_naming(options.naming or self.adapter.default_naming)
-        if options.naming == "schema" and not self.adapter.ddl.create_schema_sql:
+        self.stats = engine.stats
+        self.naming = resolve_naming(options.naming or engine.adapter.default_naming)
+        if options.naming == "schema" and not engine.adapter.ddl.create_schema_sql:
             raise ValidationError(
                 f"naming='schema' needs database schemas, which {dialect.name} does not have; use 'suffix'"
             )
-        self._ddl = Ddl(self.adapter.ddl, self.compiler, self.codec)
+        self._ddl = Ddl(engine.adapter.ddl, engine.compiler, engine.codec)
         self._layouts: dict[tuple[int, str], Layout] = {}
         self._physical_names = PhysicalNames(INTERNAL_TABLES)
         self._catalogs: dict[int, Catalog] = {}
         self._table_identities: dict[tuple[str, ...], TableIdentity] = {}
-        self.outbox = OutboxReader(self)
-        self.stats = Stats()
-        self._outbox_statements: OutboxStatements | None = None
+        self.outbox = OutboxReader(engine)
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"<aiofragno.Database {self.url.describe()} backend={self.backend} {state}>"
+        state = "closed" if self.closed else "open"
+        return f"<aiofragno.Database {self._engine.describe()} {state}>"
 
     @property
     def name(self) -> str:
@@ -96,28 +83,28 @@ class Database(Queries):
     @property
     def pool_size(self) -> int:
         """Most connections this Database opens at once."""
-        return self._driver.pool_size
+        return self._engine.pool_size
 
     @property
-    def outbox_statements(self) -> OutboxStatements:
-        """The outbox writer's SQL for this database, compiled once."""
-        if self._outbox_statements is None:
-            self._outbox_statements = OutboxStatements(self.compiler, self.adapter)
-        return self._outbox_statements
+    def adapter(self) -> DialectAdapter:
+        """Deprecated: the dialect's adapter is internal (``aiofragno doctor``
+        prints its capability flags)."""
+        warnings.warn(
+            "Database.adapter is internal and will be removed; `aiofragno doctor` prints "
+            "the capability flags, and db.dialect.create_adapter() makes an adapter",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._engine.adapter
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._engine.closed
 
     def compile(self, query: Fragment) -> CompiledQuery:
         """``query`` (an ``af.sql`` fragment) as SQL text and parameters for
         this database, without running it."""
-        return self.compiler.compile(query)
-
-    def raw(self, text: str) -> Fragment:
-        """A fragment of trusted SQL text without parameters (internal use:
-        never build ``text`` from user input)."""
-        return Fragment((text,))
+        return self._engine.compile(query)
 
     def layout(self, schema: Schema, namespace: str | None = None) -> Layout:
         """Where ``schema``'s tables live in this database under ``namespace``
@@ -133,8 +120,9 @@ class Database(Queries):
             if not isinstance(schema, Schema):
                 raise ValidationError(f"expected an af.Schema, got {type(schema).__name__}")
             _check_name("namespace", namespace)
-            layout = Layout(schema, namespace, self.naming, self.adapter.max_identifier_length)
-            if layout.db_schemas and not self.adapter.ddl.create_schema_sql:
+            adapter = self._engine.adapter
+            layout = Layout(schema, namespace, self.naming, adapter.max_identifier_length)
+            if layout.db_schemas and not adapter.ddl.create_schema_sql:
                 raise ValidationError(
                     f"the naming strategy puts tables in database schemas, which {self.name} "
                     "does not have; use naming='suffix'"
@@ -143,13 +131,14 @@ class Database(Queries):
             self._layouts[key] = layout
         return layout
 
-    def catalog(self, schema: Schema, namespace: str | None = None) -> Catalog:
+    def _catalog(self, schema: Schema, namespace: str | None = None) -> Catalog:
         """The compiled tables and SQL cache for ``schema`` under ``namespace``."""
         layout = self.layout(schema, namespace)
         catalog = self._catalogs.get(id(layout))
         if catalog is None:
+            engine = self._engine
             catalog = self._catalogs[id(layout)] = Catalog(
-                layout, self.compiler, self.codec, self.adapter, self._table_identities
+                layout, engine.compiler, engine.codec, engine.adapter, self._table_identities
             )
         return catalog
 
@@ -177,14 +166,14 @@ class Database(Queries):
         without touching the database (reads give empty results);
         ``on_query`` sees every compiled statement; ``hooks`` instrument each
         attempt."""
-        self._check_open()
+        self._engine.check_open()
         if isolation is not None and isolation not in ISOLATION_LEVELS:
             raise ValidationError(
                 f"unknown isolation level {isolation!r}; use one of {sorted(ISOLATION_LEVELS)}"
             )
         return await run_uow(
-            self,
-            self.catalog(schema, namespace),
+            self._engine,
+            self._catalog(schema, namespace),
             fn,
             retry=retry,
             idempotency_key=idempotency_key,
@@ -210,17 +199,18 @@ class Database(Queries):
         :class:`MigrationError`."""
         check_lock_timeout(lock_timeout)
         layout = self.layout(schema, namespace)
-        transactional = self.adapter.supports_transactional_ddl
-        session = await self.checkout()
+        engine = self._engine
+        transactional = engine.adapter.supports_transactional_ddl
+        session = await engine.checkout()
         try:
             if transactional:
                 await session.begin(None)
             result = await run_migration(
                 session,
-                self.compile,
+                engine.compile,
                 layout,
                 self._ddl,
-                self.codec,
+                engine.codec,
                 dry_run=dry_run,
                 lock_timeout=lock_timeout,
             )
@@ -228,7 +218,7 @@ class Database(Queries):
                 await session.commit()
             return result
         finally:
-            await self.checkin(session)
+            await engine.checkin(session)
 
     async def migration_sql(self, schema: Schema, *, namespace: str | None = None) -> list[str]:
         """The statements ``migrate`` would run now, without running them."""
@@ -239,16 +229,12 @@ class Database(Queries):
         on exception; nested use makes a savepoint. ``isolation`` is one of
         "read uncommitted", "read committed", "repeatable read", "serializable"
         (SQLite transactions are always serializable)."""
-        self._check_open()
-        if isolation is not None and isolation not in ISOLATION_LEVELS:
-            raise ValidationError(
-                f"unknown isolation level {isolation!r}; use one of {sorted(ISOLATION_LEVELS)}"
-            )
-        return TransactionContext(self, isolation)
+        return self._engine.transaction(isolation)
 
     async def now(self) -> datetime:
         """The database server's current time, timezone-aware in UTC."""
-        value = await self.fetch_value(self.raw(self.adapter.now_sql))
+        engine = self._engine
+        value = await self.fetch_value(engine.raw(engine.adapter.now_sql))
         return as_utc(value)
 
     async def end_session(self, server_session: str | None, *, give_up_after: float = 30.0) -> None:
@@ -260,36 +246,31 @@ class Database(Queries):
         runs ``give_up_after`` seconds after it was asked to end (e.g. it belongs to a role this one may
         not end). Ending a session is allowed to its own role (PostgreSQL
         ``pg_terminate_backend``, MySQL ``KILL``); on SQLite this returns at once."""
-        await retry_read(
-            self.options.reconnect_deadline,
-            lambda: end_session(self, server_session, give_up_after),
-        )
+        await end_session_reconnecting(self._engine, server_session, give_up_after)
 
     async def is_healthy(self) -> bool:
         """True if a connection answers a round trip within ``connect_timeout``.
         Never raises."""
-        if self._closed:
+        engine = self._engine
+        if engine.closed:
             return False
         with runtime.move_on_after(self.options.connect_timeout):
             try:
-                session = await self.checkout(wait=False)
+                session = await engine.checkout(wait=False)
                 try:
                     await session.connection.ping()
                     return True
                 except Exception:
                     session.broken = True
                 finally:
-                    await self.checkin(session)
+                    await engine.checkin(session)
             except Error:
                 pass
         return False
 
     async def close(self) -> None:
         """Close every connection. Idempotent; the Database is unusable after."""
-        if self._closed:
-            return
-        self._closed = True
-        await self._driver.destroy()
+        await self._engine.close()
 
     async def __aenter__(self) -> Database:
         return self
@@ -302,119 +283,13 @@ class Database(Queries):
     ) -> None:
         await self.close()
 
-    async def _run(self, query: Fragment) -> QueryResult:
-        tx = current_transaction(self)
-        if tx is not None:
-            return await tx.execute(query)
-        compiled = self.compiler.compile(query)
-        if _is_select(compiled.sql):
-            return await retry_read(
-                self.options.reconnect_deadline, lambda: self._execute(compiled)
-            )
-        return await self._execute(compiled)
-
-    async def _execute(self, compiled: CompiledQuery) -> QueryResult:
-        """``compiled`` on a connection of its own, outside any transaction.
-        A statement that may change the session (see
-        :attr:`DialectAdapter.session_changes`) gets its connection reset
-        before reuse; one that leaves a transaction open is refused."""
-        session = await self.checkout()
-        try:
-            session.dirty = self.adapter.session_changes(compiled.sql)
-            result = await session.execute(compiled)
-            if session.connection.in_transaction:
-                session.dirty = True
-                raise ProgrammingError(
-                    f"{compiled.sql[:60]!r} left its connection in a transaction, which would "
-                    "have outlived the statement (BEGIN, START TRANSACTION or autocommit off "
-                    "outside db.transaction()); it has been rolled back. Run statements "
-                    "that belong together in `async with db.transaction() as tx:`"
-                )
-            return result
-        finally:
-            await self.checkin(session)
-
-    async def checkout(self, *, wait: bool = True) -> Session:
-        """A connection from the pool, wrapped in a :class:`Session`. While the
-        server is unreachable, retries until ``reconnect_deadline`` (``wait``)."""
-        with shared_deadline(self.options.reconnect_deadline if wait else None) as deadline:
-            if not wait:
-                deadline = Deadline(None)
-            while True:
-                self._check_open()
-                try:
-                    connection = await self._driver.acquire_connection()
-                except Error:
-                    raise
-                except Exception as exc:
-                    error = self._unavailable(exc)
-                    if not isinstance(error, DatabaseUnavailable) or not await deadline.wait():
-                        raise error from exc
-                    self.stats.reconnect_waits += 1
-                    continue
-                return Session(self._driver, connection, self.dialect.translate_error)
-
-    async def checkin(self, session: Session) -> None:
-        """Return ``session``'s connection: reset it if an operation was
-        interrupted, restore its session if that may have changed or the
-        server still has a transaction open on it, discard it if it broke
-        (or a reset failed). So the next caller gets the session as it was
-        after connect."""
-        connection = session.connection
-        if not (
-            session.broken
-            or session.interrupted
-            or session.in_transaction
-            or session.dirty
-            or connection.in_transaction
-        ):
-            # Clean: going back to the idle list awaits nothing that could be
-            # cancelled, so no shielded scope is needed.
-            await self._driver.release_connection(connection)
-            return
-        with runtime.shielded(CLEANUP_TIMEOUT):
-            discard = session.broken
-            try:
-                if not discard and (session.interrupted or session.in_transaction):
-                    discard = not await connection.reset()
-                if not discard and (session.dirty or connection.in_transaction):
-                    self.stats.session_resets += 1
-                    discard = not await connection.reset_session()
-            except Exception:
-                discard = True
-            await self._driver.release_connection(connection, discard=discard)
+    def _run(self, query: Fragment) -> Coroutine[Any, Any, QueryResult]:
+        # The engine's coroutine itself: no coroutine of our own per statement.
+        return self._engine._run(query)
 
     async def open(self) -> None:
         """Open the first connection, so a bad URL or a dead server fails now."""
-        try:
-            await self._driver.init()
-        except Error:
-            raise
-        except Exception as exc:
-            raise self._unavailable(exc) from exc
-
-    def _unavailable(self, exc: Exception) -> Error:
-        error = self.dialect.translate_error(exc)
-        # Failing to connect in time is the server being unavailable, whatever
-        # the driver calls it.
-        if isinstance(error, ConnectionLost | DatabaseUnavailable | QueryCanceled):
-            return DatabaseUnavailable(
-                f"cannot connect to {self.url.describe()}: {error}; "
-                "check that the server is running and the URL is right",
-                sqlstate=error.sqlstate,
-                code=error.code,
-            )
-        return error if isinstance(error, Error) else Error(str(error))
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise DatabaseClosed(f"{self!r} is closed; open a new one with af.connect()")
-
-
-def _is_select(sql: str) -> bool:
-    # Only plain SELECTs are retried after a lost connection: anything else
-    # (INSERT ... RETURNING through fetch, say) might have taken effect.
-    return sql.lstrip()[:6].lower() == "select"
+        await self._engine.open()
 
 
 class Connect:

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 
 from . import runtime
 from .errors import ConnectionLost, DatabaseError, SessionStillRunning
+from .resilience import retry_read
 from .sql import sql
 
 if TYPE_CHECKING:
-    from .database import Database
+    from .engine import Engine
 
 logger = logging.getLogger("aiofragno")
 
@@ -28,7 +29,17 @@ logger = logging.getLogger("aiofragno")
 POLL_INTERVAL = 0.01
 
 
-async def end_session(db: Database, server_session: str | None, give_up_after: float) -> None:
+async def end_session_reconnecting(
+    db: Engine, server_session: str | None, give_up_after: float = 30.0
+) -> None:
+    """:func:`end_session`, run again on a fresh connection after its own
+    was lost, until ``reconnect_deadline`` (the look-up has no effects)."""
+    await retry_read(
+        db.options.reconnect_deadline, lambda: end_session(db, server_session, give_up_after)
+    )
+
+
+async def end_session(db: Engine, server_session: str | None, give_up_after: float) -> None:
     """Return once ``server_session`` no longer runs on ``db``'s server,
     having asked the server to end it. Returns at once for None, or on a
     database without server sessions (SQLite). Raises
@@ -56,7 +67,7 @@ async def end_session(db: Database, server_session: str | None, give_up_after: f
         await runtime.sleep(POLL_INTERVAL)
 
 
-async def _ask_to_end(db: Database, end: str, process: int) -> None:
+async def _ask_to_end(db: Engine, end: str, process: int) -> None:
     try:
         await db.execute(sql(end, process=process))
     except ConnectionLost:

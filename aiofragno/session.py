@@ -14,12 +14,13 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 from . import runtime
 from .driver import (
     CompiledQuery,
     Connection,
+    DialectAdapter,
     Driver,
     IsolationLevel,
     QueryResult,
@@ -29,9 +30,6 @@ from .driver import (
 )
 from .errors import CommitOutcomeUnknown, ConnectionLost, Error, TransactionClosed, UnexpectedType
 from .sql import Fragment
-
-if TYPE_CHECKING:
-    from .database import Database
 
 logger = logging.getLogger("aiofragno")
 T = TypeVar("T")
@@ -195,7 +193,7 @@ def _log(query: CompiledQuery) -> None:
 
 class Queries(ABC):
     """``fetch`` / ``fetch_one`` / ``fetch_value`` / ``execute`` over one
-    ``_run``; shared by :class:`~aiofragno.Database` and :class:`Transaction`.
+    ``_run``; shared by :class:`~aiofragno.Database`, its engine and :class:`Transaction`.
     Each takes an ``af.sql(...)`` fragment, never a str: values stay bound
     parameters (anything else is a :class:`ValidationError` before any SQL is sent)."""
 
@@ -246,6 +244,23 @@ def _unexpected_type(value: object, kind: type[object], *, no_row: bool) -> Unex
     )
 
 
+class TransactionHost(Protocol):
+    """What a transaction needs of the engine it runs on
+    (:class:`aiofragno.engine.Engine`): its connections, and its dialect's
+    compiler and adapter."""
+
+    @property
+    def adapter(self) -> DialectAdapter: ...
+
+    def compile(self, query: Fragment) -> CompiledQuery: ...
+
+    def raw(self, text: str) -> Fragment: ...
+
+    async def checkout(self, *, wait: bool = True) -> Session: ...
+
+    async def checkin(self, session: Session) -> None: ...
+
+
 class Transaction(Queries):
     """An open transaction: run queries in it, or nest a savepoint with
     ``async with tx.transaction():``. Operations from several tasks sharing it
@@ -254,7 +269,7 @@ class Transaction(Queries):
     it raises :class:`~aiofragno.errors.TransactionClosed`, and tasks that
     were started inside it no longer join it."""
 
-    def __init__(self, db: Database, session: Session, outer: Transaction | None) -> None:
+    def __init__(self, db: TransactionHost, session: Session, outer: Transaction | None) -> None:
         self.db = db
         self.session = session
         self.outer = outer  # the enclosing transaction in this context, of any Database
@@ -290,7 +305,7 @@ class Transaction(Queries):
 _current: ContextVar[Transaction | None] = ContextVar("aiofragno_transaction", default=None)
 
 
-def current_transaction(db: Database) -> Transaction | None:
+def current_transaction(db: TransactionHost) -> Transaction | None:
     """The innermost transaction of ``db`` open in this context, if any (a
     task started inside a transaction inherits the context, and may outlive
     the transaction)."""
@@ -319,7 +334,11 @@ class TransactionContext:
     its children), it becomes a savepoint instead."""
 
     def __init__(
-        self, db: Database, isolation: IsolationLevel | None, *, parent: Transaction | None = None
+        self,
+        db: TransactionHost,
+        isolation: IsolationLevel | None,
+        *,
+        parent: Transaction | None = None,
     ) -> None:
         self._db = db
         self._isolation = isolation

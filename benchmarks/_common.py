@@ -151,7 +151,7 @@ def names(db: af.Database) -> Names:
     return Names(
         layout.table("accounts").identifier.parts,
         layout.table("transfers").identifier.parts,
-        db.compiler.quote_identifier,
+        db._engine.compiler.quote_identifier,
     )
 
 
@@ -199,7 +199,7 @@ async def reset(db: af.Database, *, outbox: bool = True) -> None:
         for table in (accounts, *emptied):
             await db.execute(af.sql("VACUUM ANALYZE {t}", t=table))
     elif db.name == "sqlite":
-        await db.execute(db.raw("PRAGMA wal_checkpoint(TRUNCATE)"))
+        await db.execute(db._engine.raw("PRAGMA wal_checkpoint(TRUNCATE)"))
 
 
 async def verify(db: af.Database, transfers: int, *, outbox: bool = False) -> None:
@@ -351,10 +351,10 @@ async def server_info(db: af.Database) -> dict[str, Any]:
             "shared_buffers",
             "wal_sync_method",
         )
-        return {s: await db.fetch_value(db.raw(f"SHOW {s}")) for s in settings}
+        return {s: await db.fetch_value(db._engine.raw(f"SHOW {s}")) for s in settings}
     if db.name == "mysql":
         row = await db.fetch_one(
-            db.raw(
+            db._engine.raw(
                 "SELECT VERSION() AS version, @@innodb_flush_log_at_trx_commit AS "
                 "innodb_flush_log_at_trx_commit, @@log_bin AS log_bin, @@sync_binlog AS "
                 "sync_binlog, @@innodb_buffer_pool_size AS innodb_buffer_pool_size, "
@@ -364,8 +364,8 @@ async def server_info(db: af.Database) -> dict[str, Any]:
         return dict(row) if row is not None else {}
     return {
         "sqlite_version": sqlite3.sqlite_version,
-        "journal_mode": await db.fetch_value(db.raw("PRAGMA journal_mode")),
-        "synchronous": await db.fetch_value(db.raw("PRAGMA synchronous")),
+        "journal_mode": await db.fetch_value(db._engine.raw("PRAGMA journal_mode")),
+        "synchronous": await db.fetch_value(db._engine.raw("PRAGMA synchronous")),
     }
 
 

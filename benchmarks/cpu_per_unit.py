@@ -5,7 +5,7 @@
 2 reads and 3 writes are checked, encoded and compiled (SQL text from the
 cache keyed by operation shape). A dry run's reads return nothing, so the unit
 uses rows decoded beforehand. Decoding is measured apart: N result rows through
-``db.catalog(schema).table("accounts").decode(values)``; a unit decodes 2.
+``db._catalog(schema).table("accounts").decode(values)``; a unit decodes 2.
 
 Times are CPU time of this process (``time.process_time``), so other load on
 the machine does not count. Reported per dialect (the compilers differ), best
@@ -37,7 +37,7 @@ TARGET_US = 50.0
 
 
 async def measure(db: af.Database, n: int, repeat: int, profile: bool) -> dict[str, Any]:
-    table = db.catalog(SCHEMA).table("accounts")
+    table = db._catalog(SCHEMA).table("accounts")
     values = [
         (i + 1, new_external_id(), 3, owner(i), common.OPENING_BALANCE) for i in range(ACCOUNTS)
     ]
@@ -76,7 +76,7 @@ async def measure(db: af.Database, n: int, repeat: int, profile: bool) -> dict[s
         "compile_encode_us_per_unit": round(compile_us, 2),
         "decode_us_per_row": round(decode_us, 3),
         "total_us_per_unit": round(compile_us + 2 * decode_us, 2),
-        "sql_cache_entries": len(db.catalog(SCHEMA).sql_cache),
+        "sql_cache_entries": len(db._catalog(SCHEMA).sql_cache),
         "target_us": TARGET_US,
     }
 

@@ -192,7 +192,7 @@ class Raw(Variant):
     (_id, id, _version, owner, balance). Subclasses supply the driver calls.
     With ``outbox``, the unit also writes its outbox entry before COMMIT: the
     payload built by hand, then aiofragno's entry statements (their SQL text,
-    taken from ``Database.outbox_statements``), one round trip each."""
+    taken from the engine's ``outbox_statements``), one round trip each."""
 
     name = "raw"
     placeholder: Callable[[int], str] = staticmethod(lambda i: "?")
@@ -205,8 +205,8 @@ class Raw(Variant):
 
     async def open(self, admin: af.Database) -> None:
         self.sql = Statements.build(common.names(admin), self.placeholder)
-        self.entry_statements = admin.outbox_statements
-        self.encode_time = admin.codec.encoder("timestamp")
+        self.entry_statements = admin._engine.outbox_statements
+        self.encode_time = admin._engine.codec.encoder("timestamp")
         await self.connect()
 
     async def attempt(self, lo: int, hi: int, amount: int) -> None:

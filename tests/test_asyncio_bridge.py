@@ -67,11 +67,11 @@ def test_closing_databases_leaks_no_threads(bridged: Target, url: str) -> None:
         before = bridge_threads()
         dbs = [await af.connect(url, backend=bridged.backend, pool_size=4) for _ in range(3)]
         for db in dbs:
-            assert isinstance(db._driver, BridgedDriver)
+            assert isinstance(db._engine._driver, BridgedDriver)
             async with trio.open_nursery() as nursery:
                 for _ in range(8):
                     nursery.start_soon(db.fetch_value, af.sql("SELECT 1"))
-            assert db._driver.pool.stats.idle >= 2  # several connections to close
+            assert db._engine._driver.pool.stats.idle >= 2  # several connections to close
         assert len(bridge_threads() - before) == 3, "one loop thread per Database"
         for db in dbs:
             await db.close()
@@ -102,10 +102,10 @@ def test_cancelling_a_slow_query_returns_quickly(bridged: Target, url: str) -> N
         async with af.connect(url, backend=bridged.backend, pool_size=3) as db:
             started = trio.current_time()
             with trio.move_on_after(0.3) as scope:
-                await db.fetch(db.raw(slow))
+                await db.fetch(db._engine.raw(slow))
             assert scope.cancelled_caught
             assert trio.current_time() - started < 2
-            assert db._driver.pool.stats.in_use == 0  # type: ignore[attr-defined]
+            assert db._engine._driver.pool.stats.in_use == 0  # type: ignore[attr-defined]
             results: list[int] = []
 
             async def one() -> None:
@@ -149,7 +149,7 @@ def test_a_connection_in_use_outlives_close_then_the_thread_stops(
         results: list[int] = []
 
         async def query() -> None:
-            results.append(await db.fetch_value(db.raw(pause[db.name])))
+            results.append(await db.fetch_value(db._engine.raw(pause[db.name])))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(query)

@@ -604,7 +604,7 @@ async def test_connection_killed_outside_a_transaction_is_not_reused(
     pid_sql = af.sql(PID_SQL[dialect])
     async with af.connect(url, pool_size=1) as db:
         with anyio.fail_after(15):
-            session = await db.checkout()
+            session = await db._engine.checkout()
             try:
                 pid = (await session.execute(db.compile(pid_sql))).rows[0][
                     "pg_backend_pid" if dialect == "postgresql" else "CONNECTION_ID()"
@@ -614,7 +614,7 @@ async def test_connection_killed_outside_a_transaction_is_not_reused(
                     await session.execute(db.compile(af.sql("SELECT 1")))
                 assert session.broken
             finally:
-                await db.checkin(session)
+                await db._engine.checkin(session)
             assert await db.fetch_value(pid_sql) != pid
 
 

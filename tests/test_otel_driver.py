@@ -117,7 +117,7 @@ async def test_the_instrumentation_records_the_units_statements(
         assert (recorded[1], recorded[3]) == ("BEGIN", "COMMIT")
         offset = 0
         for write in writes:
-            assert db.compiler.shift_placeholders(write.sql, offset) in recorded[2], recorded
+            assert db._engine.compiler.shift_placeholders(write.sql, offset) in recorded[2], recorded
             offset += len(write.parameters)
 
     # Under aiofragno.otel's unit span, the driver's spans are its children.

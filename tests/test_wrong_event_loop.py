@@ -45,11 +45,11 @@ def test_database_used_from_another_event_loop(
     db: af.Database = home(open_database)
 
     async def query() -> Any:
-        return await db.fetch_value(db.raw("SELECT 1"))
+        return await db.fetch_value(db._engine.raw("SELECT 1"))
 
     async def transaction() -> Any:
         async with db.transaction() as tx:
-            return await tx.fetch_value(db.raw("SELECT 1"))
+            return await tx.fetch_value(db._engine.raw("SELECT 1"))
 
     try:
         for use in (query, transaction):

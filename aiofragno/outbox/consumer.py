@@ -47,12 +47,12 @@ from . import dead_letters
 from .dead_letters import DeadLetter
 from .entry import OutboxEntry
 from .lease import MAX_LEASE, MIN_LEASE, AlreadyPast, Lease, LeaseLost
-from .queries import check_limit, read_entries
+from .queries import check_limit, latest, read_entries
 from .riding import Attempt, ride_out, unavailable
 from .tables import CONSUMERS_ID, OUTBOX_ID
 
 if TYPE_CHECKING:
-    from ..database import Database
+    from ..engine import Engine
 
 __all__ = ["Consumer", "ConsumerHalted", "DeadLetter"]
 
@@ -102,7 +102,7 @@ class Consumer:
     """A named, durable reader of the outbox (see the module docstring).
     ``lease``: seconds, in 0.01..86400."""
 
-    def __init__(self, db: Database, name: str, *, lease: float = 30.0) -> None:
+    def __init__(self, db: Engine, name: str, *, lease: float = 30.0) -> None:
         self._db = db
         self.name = _check_name(name)
         self.lease = _seconds("lease", lease, MIN_LEASE, MAX_LEASE)
@@ -176,8 +176,8 @@ class Consumer:
     async def _caught_up(self) -> bool:
         """Whether the cursor is at the newest entry (whoever moved it)."""
         cursor = await self.position()
-        latest = await self._db.outbox.latest()
-        return latest is None or (cursor is not None and cursor >= latest)
+        newest = await latest(self._db)
+        return newest is None or (cursor is not None and cursor >= newest)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from .entry import OutboxEntry
 from .tables import DEAD_LETTERS_ID
 
 if TYPE_CHECKING:
-    from ..database import Database
+    from ..engine import Engine
 
 MAX_ERROR_LENGTH = 10_000
 _TRUNCATED = " ... (truncated)"
@@ -54,7 +54,7 @@ def error_text(exc: BaseException) -> str:
     return text
 
 
-def insert(db: Database, consumer: str, entry: OutboxEntry, error: str, attempts: int) -> Fragment:
+def insert(db: Engine, consumer: str, entry: OutboxEntry, error: str, attempts: int) -> Fragment:
     """The INSERT of ``entry``'s dead letter (``error`` from :func:`error_text`)."""
     record = {
         "versionstamp": entry.versionstamp,
@@ -89,7 +89,7 @@ def exists(consumer: str, versionstamp: str) -> Fragment:
     )
 
 
-async def read(db: Database, consumer: str) -> list[DeadLetter]:
+async def read(db: Engine, consumer: str) -> list[DeadLetter]:
     """``consumer``'s dead letters, in entry order."""
     query = sql_using(
         f"SELECT {_LIST} FROM {{t}} WHERE {{c0}} = {{consumer}} ORDER BY {{c1}}",

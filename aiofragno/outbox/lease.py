@@ -31,7 +31,7 @@ from .riding import Attempt, ride_out
 from .tables import CONSUMERS_ID
 
 if TYPE_CHECKING:
-    from ..database import Database
+    from ..engine import Engine
     from ..session import Queries
 
 logger = logging.getLogger("aiofragno")
@@ -63,7 +63,7 @@ class AlreadyPast(Exception):
 class Lease:
     """One worker's hold on consumer ``name`` (a new owner id per run)."""
 
-    def __init__(self, db: Database, name: str, seconds: float) -> None:
+    def __init__(self, db: Engine, name: str, seconds: float) -> None:
         self.db = db
         self.name = name
         self.seconds = seconds

@@ -10,7 +10,7 @@ from .entry import OutboxEntry, entries_from_rows
 from .tables import OUTBOX_ID
 
 if TYPE_CHECKING:
-    from ..database import Database
+    from ..engine import Engine
     from ..session import Queries
 
 MAX_LIMIT = 10_000
@@ -29,10 +29,10 @@ def check_limit(limit: object, name: str = "limit") -> int:
 
 
 async def read_entries(
-    db: Database, queries: Queries, after: str | None, limit: int
+    db: Engine, queries: Queries, after: str | None, limit: int
 ) -> list[OutboxEntry]:
     """Up to ``limit`` entries after ``after``, through ``queries`` (the
-    Database, or a transaction)."""
+    engine, or a transaction)."""
     vs = Identifier("versionstamp")
     where = sql("") if after is None else sql("WHERE {vs} > {after}", vs=vs, after=after)
     query = sql(
@@ -45,3 +45,10 @@ async def read_entries(
     )
     decode = db.codec.decoder("timestamp")
     return entries_from_rows(await queries.fetch(query), decode)
+
+
+async def latest(queries: Queries) -> str | None:
+    """The versionstamp of the newest entry, or None when empty."""
+    vs = Identifier("versionstamp")
+    value = await queries.fetch_value(sql("SELECT MAX({vs}) FROM {t}", vs=vs, t=OUTBOX_ID))
+    return None if value is None else str(value)

@@ -9,18 +9,18 @@ from .. import runtime
 from ..sql import Identifier, sql
 from .consumer import Consumer
 from .entry import OutboxEntry, entries_from_rows
-from .queries import COLUMNS, check_limit, read_entries
+from .queries import COLUMNS, check_limit, latest, read_entries
 from .tables import OUTBOX_ID
 from .versionstamp import check_versionstamp
 
 if TYPE_CHECKING:
-    from ..database import Database
+    from ..engine import Engine
 
 
 class OutboxReader:
     """``db.outbox``: read committed units of work in commit order."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Engine) -> None:
         self._db = db
 
     async def list(self, after: str | None = None, limit: int = 100) -> list[OutboxEntry]:
@@ -62,9 +62,7 @@ class OutboxReader:
 
     async def latest(self) -> str | None:
         """The versionstamp of the newest entry, or None when empty."""
-        vs = Identifier("versionstamp")
-        value = await self._db.fetch_value(sql("SELECT MAX({vs}) FROM {t}", vs=vs, t=OUTBOX_ID))
-        return None if value is None else str(value)
+        return await latest(self._db)
 
     def consumer(self, name: str, *, lease: float = 30.0) -> Consumer:
         """A durable consumer called ``name`` (its cursor lives in the database)."""

@@ -18,17 +18,18 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import ConnectionLost, DatabaseUnavailable
+from ..lost_session import end_session_reconnecting
 from ..resilience import shared_deadline
 
 if TYPE_CHECKING:
-    from ..database import Database
+    from ..engine import Engine
     from ..session import Session, Transaction
 
 T = TypeVar("T")
 LOSSES = (ConnectionLost, DatabaseUnavailable)
 
 
-async def ride_out(db: Database, what: str, step: Callable[[], Awaitable[T]]) -> T:
+async def ride_out(db: Engine, what: str, step: Callable[[], Awaitable[T]]) -> T:
     """``step()``, again after each lost connection until the deadline;
     then :class:`DatabaseUnavailable` naming ``what`` stopped."""
     with shared_deadline(db.options.reconnect_deadline) as deadline:
@@ -40,7 +41,7 @@ async def ride_out(db: Database, what: str, step: Callable[[], Awaitable[T]]) ->
                     raise unavailable(db, what, exc) from exc
 
 
-def unavailable(db: Database, what: str, exc: Exception) -> DatabaseUnavailable:
+def unavailable(db: Engine, what: str, exc: Exception) -> DatabaseUnavailable:
     """The error a consumer stops with once the database stayed out of reach."""
     return DatabaseUnavailable(
         f"{what} stopped: the database could not be reached again within "
@@ -57,7 +58,7 @@ class Attempt:
 
     __slots__ = ("db", "session")
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Engine) -> None:
         self.db = db
         self.session: Session | None = None
 
@@ -75,4 +76,4 @@ class Attempt:
     async def end_lost_session(self) -> None:
         """Safe to call again (a session that has ended is not looked for twice)."""
         if self.session is not None and self.session.broken:
-            await self.db.end_session(self.session.connection.server_session)
+            await end_session_reconnecting(self.db, self.session.connection.server_session)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..codec import ValueCodec, utc_now
 from ..driver import CompiledQuery, DialectAdapter, QueryCompiler, QueryResult
-from ..migrate import SETTINGS_TABLE
+from ..settings_table import SETTINGS_TABLE
 from ..sql import Identifier, sql
 from ..tagged_json import dump_tagged, tag
 from .tables import OUTBOX_ID, VERSION_KEY

@@ -40,7 +40,7 @@ from .stale import guarded, stale_index
 from .unit import UnitOfWork
 
 if TYPE_CHECKING:
-    from ..database import Database
+    from ..engine import Engine
 
 logger = logging.getLogger("aiofragno")
 T = TypeVar("T")
@@ -86,7 +86,7 @@ class HeldConnection:
     """The one connection an attempt uses for its reads and its mutation
     phase (one checkout per attempt, taken at the first use)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Engine) -> None:
         self.db = db
         self.session: Session | None = None
 
@@ -115,7 +115,7 @@ class HeldConnection:
         return await retry_read(self.db.options.reconnect_deadline, read_all)
 
 
-def _check_not_waiting_for_itself(db: Database) -> None:
+def _check_not_waiting_for_itself(db: Engine) -> None:
     if db.adapter.one_writer and current_transaction(db) is not None:
         raise WouldDeadlock(
             f"this unit of work has writes, and a db.transaction() is open in this task: "
@@ -127,7 +127,7 @@ def _check_not_waiting_for_itself(db: Database) -> None:
 
 
 async def run_mutations(
-    db: Database,
+    db: Engine,
     held: HeldConnection,
     uow: UnitOfWork,
     catalog: Catalog,
@@ -179,7 +179,7 @@ async def run_mutations(
 
 
 async def _begin(
-    db: Database, session: Session, isolation: IsolationLevel | None, outbox: bool
+    db: Engine, session: Session, isolation: IsolationLevel | None, outbox: bool
 ) -> None:
     """Open the phase's transaction. With the outbox, at a snapshot isolation
     level, first wait for the outbox counter, before any statement takes
@@ -199,7 +199,7 @@ def _writes(ops: Sequence[MutationOp]) -> bool:
 
 
 def _entry_values(
-    db: Database, uow: UnitOfWork, catalog: Catalog, nonce: str
+    db: Engine, uow: UnitOfWork, catalog: Catalog, nonce: str
 ) -> dict[str, Any] | None:
     """What the unit's outbox entry binds (:func:`entry_values`); None when
     the unit writes nothing (its checks alone make no entry)."""
@@ -278,7 +278,7 @@ def _mismatch(op: MutationOp) -> _Conflict | RowNotFound:
     return _Conflict(op.stale()) if op.seen else RowNotFound(f"{op.stale()}; nothing was written")
 
 
-def _abort_sql(db: Database, ops: Sequence[MutationOp]) -> str | None:
+def _abort_sql(db: Engine, ops: Sequence[MutationOp]) -> str | None:
     """:data:`DialectAdapter.abort_sql` where the phase and its outbox entry
     can be one statement committing on its own (:func:`_commit_alone`), else None."""
     adapter = db.adapter
@@ -286,7 +286,7 @@ def _abort_sql(db: Database, ops: Sequence[MutationOp]) -> str | None:
 
 
 async def _commit_alone(
-    db: Database,
+    db: Engine,
     session: Session,
     catalog: Catalog,
     ops: Sequence[MutationOp],
@@ -317,7 +317,7 @@ async def _commit_alone(
 
 
 async def _write(
-    db: Database,
+    db: Engine,
     session: Session,
     catalog: Catalog,
     ops: Sequence[MutationOp],
@@ -391,7 +391,7 @@ def check_idempotency_key(key: object) -> str:
 
 
 async def execute_uow(
-    db: Database,
+    db: Engine,
     catalog: Catalog,
     fn: Callable[[UnitOfWork], Awaitable[T]],
     *,

@@ -25,7 +25,7 @@ from ..session import outside_transactions
 from ..sql import Identifier, sql
 
 if TYPE_CHECKING:
-    from ..database import Database
+    from ..engine import Engine
     from ..session import Queries
     from .unit import UnitOfWork
 
@@ -47,7 +47,7 @@ class Record:
     versionstamp: str | None
 
 
-def key_statement(db: Database, key: str, nonce: str) -> CompiledQuery:
+def key_statement(db: Engine, key: str, nonce: str) -> CompiledQuery:
     """The row that records idempotency key ``key`` in the unit's own
     transaction, for a unit that writes no outbox entry."""
     query = sql(
@@ -63,9 +63,9 @@ def key_statement(db: Database, key: str, nonce: str) -> CompiledQuery:
     return db.compile(query)
 
 
-async def find_record(db: Database, queries: Queries, uow_id: str) -> Record | None:
+async def find_record(db: Engine, queries: Queries, uow_id: str) -> Record | None:
     """The record of the unit of work ``uow_id`` (through ``queries``: the
-    Database or a transaction), or None when none committed."""
+    engine or a transaction), or None when none committed."""
     if db.options.outbox:
         query = sql(
             "SELECT {n} AS nonce, {vs} AS versionstamp FROM {t} WHERE {u} = {id}",
@@ -90,7 +90,7 @@ async def find_record(db: Database, queries: Queries, uow_id: str) -> Record | N
     return Record(row["nonce"], None if stamp is None else str(stamp))
 
 
-def counter_lock(db: Database) -> Any:
+def counter_lock(db: Engine) -> Any:
     """A read of the outbox counter row holding its lock until commit: taken
     before :func:`find_record`, it waits for a commit that is finishing
     right now, so the look-up sees it."""
@@ -103,7 +103,7 @@ def counter_lock(db: Database) -> Any:
     )
 
 
-async def committed(db: Database, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnknown) -> bool:
+async def committed(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnknown) -> bool:
     """Whether this call's mutation phase committed, after its connection
     broke during COMMIT (``lost``): its record exists (:mod:`.records`)
     with this call's ``nonce``. The lost server session is ended first
@@ -148,7 +148,7 @@ def already_applied(key: str, versionstamp: str | None) -> AlreadyApplied:
     )
 
 
-async def settle(db: Database, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnknown) -> bool:
+async def settle(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnknown) -> bool:
     """:func:`committed`, where every failure to tell is a
     :class:`CommitOutcomeUnknown` chained to what went wrong: the unit may
     have committed, so neither a plain error (as if nothing was done) nor a
@@ -169,7 +169,7 @@ async def settle(db: Database, uow: UnitOfWork, nonce: str, lost: CommitOutcomeU
         ) from exc
 
 
-async def key_taken(db: Database, uow: UnitOfWork, nonce: str) -> AlreadyApplied | None:
+async def key_taken(db: Engine, uow: UnitOfWork, nonce: str) -> AlreadyApplied | None:
     """After a unique violation in a unit with an idempotency key: the
     :class:`AlreadyApplied` to raise when another call's record holds the
     key, or None when the violation was another constraint (or the look-up

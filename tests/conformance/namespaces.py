@@ -74,7 +74,7 @@ async def table_count(db: af.Database, physical: PhysicalTable) -> int:
         )
     else:
         current = "current_schema()" if db.name == "postgresql" else "DATABASE()"
-        where = af.sql("{s}", s=physical.schema) if physical.schema else db.raw(current)
+        where = af.sql("{s}", s=physical.schema) if physical.schema else db._engine.raw(current)
         query = af.sql(
             "SELECT COUNT(*) AS n FROM information_schema.tables "
             "WHERE table_schema = {w} AND table_name = {n}",
@@ -90,7 +90,7 @@ async def column_names(db: af.Database, physical: PhysicalTable) -> set[str]:
         query = af.sql("SELECT name FROM pragma_table_info({t})", t=physical.name)
     else:
         current = "current_schema()" if db.name == "postgresql" else "DATABASE()"
-        where = af.sql("{s}", s=physical.schema) if physical.schema else db.raw(current)
+        where = af.sql("{s}", s=physical.schema) if physical.schema else db._engine.raw(current)
         query = af.sql(
             "SELECT column_name AS name FROM information_schema.columns "
             "WHERE table_schema = {w} AND table_name = {n}",

@@ -23,7 +23,7 @@ class PrivateDatabases:
     async def create(self, target: Target, base: str) -> str:
         name = f"aiofragno_outbox_{uuid.uuid4().hex[:10]}"
         async with af.connect(base, backend=target.backend, pool_size=1) as admin:
-            await admin.execute(admin.raw(_create_database(target.dialect, name)))
+            await admin.execute(admin._engine.raw(_create_database(target.dialect, name)))
         self.made.append((target.dialect, base, name))
         return urlunsplit(urlsplit(base)._replace(path=f"/{name}"))
 
@@ -44,7 +44,7 @@ class PrivateDatabases:
             try:
                 async with af.connect(base, pool_size=1) as admin:
                     await admin.execute(
-                        admin.raw(f"DROP DATABASE IF EXISTS {_quote(dialect, name)}{force}")
+                        admin._engine.raw(f"DROP DATABASE IF EXISTS {_quote(dialect, name)}{force}")
                     )
             except af.Error as exc:
                 warnings.warn(f"could not drop test database {name}: {exc}", stacklevel=1)

@@ -220,7 +220,7 @@ async def test_version_reserved_by_a_batch_whose_client_is_gone(target: Target, 
         pytest.skip("the one-batch mutation phase is MySQL's")
     name = f"aiofragno_gone_{uuid.uuid4().hex[:10]}"
     async with af.connect(url, backend=target.backend, pool_size=1) as admin:
-        await admin.execute(admin.raw(f"CREATE DATABASE `{name}`"))
+        await admin.execute(admin._engine.raw(f"CREATE DATABASE `{name}`"))
         try:
             private = url.rsplit("/", 1)[0] + f"/{name}"
             async with af.connect(private, backend=target.backend, outbox=True) as db:
@@ -245,7 +245,7 @@ async def test_version_reserved_by_a_batch_whose_client_is_gone(target: Target, 
                 ]
                 assert [m["versionstamp"][:20] for m in entries[0].mutations] == [f"{1:020x}"] * 2
         finally:
-            await admin.execute(admin.raw(f"DROP DATABASE IF EXISTS `{name}`"))
+            await admin.execute(admin._engine.raw(f"DROP DATABASE IF EXISTS `{name}`"))
 
 
 async def _seed(uow: af.UnitOfWork) -> None:

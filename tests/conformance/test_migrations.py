@@ -570,7 +570,7 @@ async def test_not_null_column_without_default_cannot_be_added(
         await db.migrate(bad, namespace=ns)
     columns = await column_names(db, layout.table("accounts"))
     assert "required" not in columns
-    if db.adapter.supports_transactional_ddl:
+    if db._engine.adapter.supports_transactional_ddl:
         # The whole migration was rolled back.
         assert "note" not in columns
         assert await table_count(db, db.layout(bad, ns).table("extra")) == 0
@@ -745,7 +745,7 @@ async def test_long_names_are_shortened(
     )
     ns = new_namespace("n" * 54)
     layout = spaces.use(db, schema, ns)
-    limit = db.adapter.max_identifier_length
+    limit = db._engine.adapter.max_identifier_length
     tables = [layout.table(name) for name in schema.tables]
     indexes = [layout.index_name(name, "i" * 63) for name in schema.tables]
     fk = layout.foreign_key_name(head + "_second", "r" * 63)

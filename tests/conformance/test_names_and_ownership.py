@@ -372,7 +372,7 @@ async def test_aiofragnos_own_tables_are_no_declared_tables(
 async def test_migrate_gives_up_when_another_migration_holds_the_lock(
     db: af.Database, spaces: Namespaces
 ) -> None:
-    spec = db.adapter.ddl
+    spec = db._engine.adapter.ddl
     if spec.migration_lock_sql is None:
         pytest.skip("SQLite's migration lock is its write lock, bounded by busy_timeout")
     schema = af.Schema("s", af.Table("t", af.Column("v", "string")))
@@ -424,6 +424,6 @@ async def test_migrate_gives_up_on_a_table_a_transaction_holds(
         if db.name == "mysql":
             # The session's lock wait is back to what new connections have.
             restored = "SELECT @@SESSION.lock_wait_timeout = @@GLOBAL.lock_wait_timeout AS same"
-            assert await migrator.fetch_value(migrator.raw(restored)) == 1
+            assert await migrator.fetch_value(migrator._engine.raw(restored)) == 1
         await migrator.migrate(v2, namespace=layout.namespace, lock_timeout=1)
     assert "b" in await column_names(db, physical)

@@ -450,37 +450,37 @@ async def test_rolled_back_reservation_leaves_no_gap(shop: Env, cleanup: Cleanup
     name = f"fail_{shop.namespace}"
     if db.name == "postgresql":
         await db.execute(
-            db.raw(
+            db._engine.raw(
                 f'CREATE FUNCTION "{name}"() RETURNS trigger LANGUAGE plpgsql AS $$ '
                 f"BEGIN IF NEW.uow_id = '{key}' THEN RAISE EXCEPTION 'injected'; END IF; "
                 "RETURN NEW; END $$"
             )
         )
-        cleanup.statements.append(db.raw(f'DROP FUNCTION IF EXISTS "{name}"()'))
+        cleanup.statements.append(db._engine.raw(f'DROP FUNCTION IF EXISTS "{name}"()'))
         await db.execute(
-            db.raw(
+            db._engine.raw(
                 f'CREATE TRIGGER "{name}" BEFORE INSERT ON "{OUTBOX}" '
                 f'FOR EACH ROW EXECUTE FUNCTION "{name}"()'
             )
         )
-        cleanup.statements.append(db.raw(f'DROP TRIGGER IF EXISTS "{name}" ON "{OUTBOX}"'))
+        cleanup.statements.append(db._engine.raw(f'DROP TRIGGER IF EXISTS "{name}" ON "{OUTBOX}"'))
     elif db.name == "sqlite":
         await db.execute(
-            db.raw(
+            db._engine.raw(
                 f'CREATE TRIGGER "{name}" BEFORE INSERT ON "{OUTBOX}" '
                 f"WHEN NEW.uow_id = '{key}' BEGIN SELECT RAISE(ABORT, 'injected'); END"
             )
         )
-        cleanup.statements.append(db.raw(f'DROP TRIGGER IF EXISTS "{name}"'))
+        cleanup.statements.append(db._engine.raw(f'DROP TRIGGER IF EXISTS "{name}"'))
     else:
         await db.execute(
-            db.raw(
+            db._engine.raw(
                 f"CREATE TRIGGER `{name}` BEFORE INSERT ON `{OUTBOX}` FOR EACH ROW BEGIN "
                 f"IF NEW.uow_id = '{key}' THEN SIGNAL SQLSTATE '45000' "
                 "SET MESSAGE_TEXT = 'injected'; END IF; END"
             )
         )
-        cleanup.statements.append(db.raw(f"DROP TRIGGER IF EXISTS `{name}`"))
+        cleanup.statements.append(db._engine.raw(f"DROP TRIGGER IF EXISTS `{name}`"))
 
     before = await db.outbox.latest()
     with pytest.raises(af.Error) as failure:
@@ -539,7 +539,7 @@ async def test_a_failing_operation_undoes_the_phase_and_its_reservation(
     expected = af.IntegrityError if fault == "missing-reference" else af.ConcurrencyConflict
     with pytest.raises(expected) as failure:
         await shop.run(unit, retry=af.NoRetry())
-    alone = db.adapter.abort_sql is not None
+    alone = db._engine.adapter.abort_sql is not None
     explicit = not alone or fault == "missing-reference"
     assert calls == Counter(execute_committing=int(alone), begin=int(explicit))
     monkeypatch.undo()
@@ -1494,13 +1494,13 @@ async def test_outbox_columns_of_the_general_json_type_still_work(fresh_db: af.D
     created before that used the general ``json`` type (jsonb); migrate leaves
     them as they are, and writing and reading must work on them unchanged."""
     db = fresh_db
-    types = db.adapter.ddl.types
+    types = db._engine.adapter.ddl.types
     if types["json"] == types["json_document"]:
         pytest.skip(f"{db.name} stores outbox payloads as {types['json']} either way")
     await db.migrate(SHOP)
-    quote = db.compiler.quote_identifier
+    quote = db._engine.compiler.quote_identifier
     await db.execute(
-        db.raw(
+        db._engine.raw(
             f"ALTER TABLE {quote(OUTBOX)} "
             f"ALTER COLUMN {quote('payload')} TYPE {types['json']}, "
             f"ALTER COLUMN {quote('ref_map')} TYPE {types['json']}"

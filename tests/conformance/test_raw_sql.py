@@ -57,7 +57,7 @@ COLUMN_TYPES = {
 async def make_table(db: af.Database, tables: Tables, columns: dict[str, str]) -> af.Identifier:
     table = tables.new()
     body = ", ".join(
-        f"{db.compiler.quote_identifier(name)} {kind}" for name, kind in columns.items()
+        f"{db._engine.compiler.quote_identifier(name)} {kind}" for name, kind in columns.items()
     )
     suffix = " DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin" if db.name == "mysql" else ""
     # Table DDL assembled from trusted test constants only.
@@ -129,7 +129,7 @@ LONG_TEXTS = {
 
 @pytest.mark.parametrize("text", LONG_TEXTS.values(), ids=LONG_TEXTS.keys())
 async def test_long_text_round_trip(db: af.Database, tables: Tables, text: str) -> None:
-    if "\x00" in text and db.adapter.storage.text_rejects_nul:
+    if "\x00" in text and db._engine.adapter.storage.text_rejects_nul:
         pytest.skip("this database's text cannot hold NUL (rejected before the database)")
     table = await make_table(db, tables, {"t": COLUMN_TYPES[db.name]["t"]})
     await insert(db, table, {"t": text})
@@ -283,7 +283,7 @@ async def test_rows_and_counts_are_the_same_at_every_run(db: af.Database, tables
         (af.sql(long_comment + "UPDATE {t} SET t = {v}", t=table, v="same"), [], 3),
         (af.sql("DELETE FROM {t} WHERE i > {v}", t=table, v=99), [], 0),
     ]
-    if db.adapter.supports_returning:
+    if db._engine.adapter.supports_returning:
         statements += [
             (
                 af.sql("UPDATE {t} SET t = {v} WHERE i > 0 RETURNING i", t=table, v="same"),
@@ -308,7 +308,7 @@ async def test_insert_id_for_generated_keys(db: af.Database, tables: Tables) -> 
     await db.execute(af.sql("CREATE TABLE {t} (k " + key + ", v integer)", t=table))
     first = await db.execute(af.sql("INSERT INTO {t} (v) VALUES ({v})", t=table, v=1))
     second = await db.execute(af.sql("INSERT INTO {t} (v) VALUES ({v})", t=table, v=2))
-    if db.adapter.supports_returning:
+    if db._engine.adapter.supports_returning:
         returned = await db.fetch_value(
             af.sql("INSERT INTO {t} (v) VALUES (3) RETURNING k", t=table)
         )
@@ -486,7 +486,7 @@ async def test_concurrent_transactions_serialize_correctly(db: af.Database, tabl
 
 
 async def test_200_concurrent_queries_over_a_pool_of_5(db: af.Database) -> None:
-    assert db._driver.pool.size == (1 if db.url.is_memory else 5)  # type: ignore[attr-defined]
+    assert db._engine._driver.pool.size == (1 if db.url.is_memory else 5)  # type: ignore[attr-defined]
     results: list[int] = []
 
     async def one(i: int) -> None:
@@ -496,7 +496,7 @@ async def test_200_concurrent_queries_over_a_pool_of_5(db: af.Database) -> None:
         for i in range(200):
             tg.start_soon(one, i)
     assert sorted(results) == list(range(200))
-    stats = db._driver.pool.stats  # type: ignore[attr-defined]
+    stats = db._engine._driver.pool.stats  # type: ignore[attr-defined]
     assert stats.in_use == 0 and stats.idle <= 5
 
 
@@ -512,7 +512,7 @@ SLOW_QUERY = {
 async def test_cancelling_a_query_leaves_the_pool_usable(db: af.Database) -> None:
     started = anyio.current_time()
     with anyio.move_on_after(0.3) as scope:
-        await db.fetch(db.raw(SLOW_QUERY[db.name]))
+        await db.fetch(db._engine.raw(SLOW_QUERY[db.name]))
     assert scope.cancelled_caught
     assert anyio.current_time() - started < 5, "cancellation must not wait for the query"
     # Every connection of the pool still works afterwards.
@@ -530,7 +530,7 @@ async def test_cancelling_inside_a_transaction_rolls_it_back(
     with anyio.move_on_after(0.3):
         async with db.transaction() as tx:
             await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (1)", t=table))
-            await tx.fetch(db.raw(SLOW_QUERY[db.name]))
+            await tx.fetch(db._engine.raw(SLOW_QUERY[db.name]))
     assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 0
     async with db.transaction() as tx:
         await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (2)", t=table))
@@ -545,19 +545,19 @@ async def test_cancelling_a_commit_batch_before_its_commit_applies_nothing(
     the COMMIT, and the transaction is rolled back."""
     table = await make_table(db, tables, {"i": "integer"})
     started = anyio.current_time()
-    session = await db.checkout()
+    session = await db._engine.checkout()
     try:
         await session.begin(None)
         with anyio.move_on_after(0.3) as scope:
             await session.commit(
                 [
                     db.compile(af.sql("INSERT INTO {t} (i) VALUES (1)", t=table)),
-                    db.compile(db.raw(SLOW_QUERY[db.name])),
+                    db.compile(db._engine.raw(SLOW_QUERY[db.name])),
                 ]
             )
         assert scope.cancelled_caught
     finally:
-        await db.checkin(session)
+        await db._engine.checkin(session)
     assert anyio.current_time() - started < 5, "cancellation must not wait for the query"
     assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 0
     await insert(db, table, {"i": 2})
@@ -573,7 +573,7 @@ async def test_a_commit_batch_stopped_part_way_leaves_the_transaction_open(
     inserts = [
         db.compile(af.sql("INSERT INTO {t} (i) VALUES ({i})", t=table, i=i)) for i in (1, 2, 3)
     ]
-    session = await db.checkout()
+    session = await db._engine.checkout()
     try:
         await session.begin(None)
         results = await session.commit(inserts, lambda index, result: index == 1)
@@ -585,7 +585,7 @@ async def test_a_commit_batch_stopped_part_way_leaves_the_transaction_open(
         results = await session.commit(inserts, lambda index, result: result.rows_affected != 1)
         assert len(results) == 3 and not session.in_transaction
     finally:
-        await db.checkin(session)
+        await db._engine.checkin(session)
     assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 3
 
 

@@ -825,7 +825,7 @@ async def open_connections(db: af.Database, n: int) -> None:
     sleep = "SELECT pg_sleep(0.1)" if db.name == "postgresql" else "SELECT SLEEP(0.1)"
     async with anyio.create_task_group() as tg:
         for _ in range(n):
-            tg.start_soon(db.execute, db.raw(sleep))
+            tg.start_soon(db.execute, db._engine.raw(sleep))
 
 
 class Unresolved(AssertionError):
@@ -1138,7 +1138,7 @@ async def server_uptime(admin: af.Database) -> float:
             "SELECT VARIABLE_VALUE AS up FROM information_schema.GLOBAL_STATUS "
             "WHERE VARIABLE_NAME = 'UPTIME'"
         )
-    return float(await admin.fetch_value(admin.raw(query)))
+    return float(await admin.fetch_value(admin._engine.raw(query)))
 
 
 @dataclass

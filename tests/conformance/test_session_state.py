@@ -268,12 +268,12 @@ async def test_session_locks_are_released_and_the_server_session_kept(
     async with db.transaction() as tx:
         assert await tx.fetch_value(free) in (True, 1)
     if solo.name == "mysql":
-        session = await solo.checkout()
+        session = await solo._engine.checkout()
         try:
             server_session = session.connection.server_session
             thread = await session.execute(solo.compile(af.sql("SELECT CONNECTION_ID()")))
         finally:
-            await solo.checkin(session)
+            await solo._engine.checkin(session)
         holder = await db.fetch_value(af.sql("SELECT IS_USED_LOCK({s})", s=server_session))
         assert holder == next(iter(thread.rows[0].values()))
 
@@ -361,7 +361,7 @@ HOSTILE = [
 
 def payloads(db: af.Database, sentinel: str) -> list[str]:
     texts = [text.replace(SENTINEL, sentinel) for text in HOSTILE]
-    if db.adapter.storage.text_rejects_nul:
+    if db._engine.adapter.storage.text_rejects_nul:
         texts = [text for text in texts if "\x00" not in text]
     return texts
 

@@ -63,4 +63,4 @@ async def test_isolated_database_is_dropped_afterwards(target: Target, url: str)
             query = "SELECT count(*) FROM information_schema.schemata WHERE schema_name LIKE 't%\\_notes'"
         else:
             query = "SELECT count(*) FROM information_schema.schemata WHERE schema_name REGEXP '^t[0-9a-f]{12}$'"
-        assert await admin.fetch_value(admin.raw(query)) == 0
+        assert await admin.fetch_value(admin._engine.raw(query)) == 0

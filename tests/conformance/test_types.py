@@ -167,7 +167,7 @@ def mismatch(expected: Any, got: Any) -> str | None:
 
 
 def microseconds_kept(db: af.Database) -> bool:
-    return db.adapter.storage.timestamp != "epoch-ms"
+    return db._engine.adapter.storage.timestamp != "epoch-ms"
 
 
 async def test_round_trip_every_type_with_edge_values(db: af.Database, spaces: Namespaces) -> None:
@@ -319,7 +319,7 @@ async def test_sqlite_timestamp_storage_profiles(
     before_epoch = dt.datetime(1969, 7, 20, 20, 17, 40, 1000, tzinfo=UTC)
     options: dict[str, Any] = {} if profile == "epoch-ms" else {"sqlite_timestamps": profile}
     async with af.connect(url, backend=target.backend, **options) as db:
-        assert db.adapter.storage.timestamp == profile
+        assert db._engine.adapter.storage.timestamp == profile
         ns = spaces.use(db, TYPES).namespace
         ddl = "\n".join(await db.migration_sql(TYPES, namespace=ns))
         column_type = "integer" if profile == "epoch-ms" else "text"

@@ -126,7 +126,7 @@ class Env:
 
     @property
     def catalog(self) -> Any:
-        return self.db.catalog(self.schema, self.namespace)
+        return self.db._catalog(self.schema, self.namespace)
 
     async def count(self, table: str) -> int:
         value = await self.db.fetch_value(af.sql("SELECT COUNT(*) FROM {t}", t=self.ident(table)))
@@ -251,7 +251,7 @@ async def test_a_unit_inside_a_callers_transaction_commits_on_its_own(shop: Env)
     caller's. It does wait for the locks the caller's transaction holds
     (on SQLite the unit is refused instead: see the next test)."""
     db = shop.db
-    if db.adapter.one_writer:
+    if db._engine.adapter.one_writer:
         pytest.skip("one writer: a unit with writes inside a transaction is refused")
     ids = await seed_accounts(shop, "alice")
     accounts = db.layout(SHOP, shop.namespace).table("accounts").identifier
@@ -278,7 +278,7 @@ async def test_writes_inside_a_callers_transaction_are_refused_on_one_writer(
     before anything is written; its reads still run, and the caller's
     transaction goes on and commits."""
     db = shop.db
-    if not db.adapter.one_writer:
+    if not db._engine.adapter.one_writer:
         pytest.skip("writers do not wait for a transaction that wrote nothing")
     ids = await seed_accounts(shop, "alice")
     accounts = db.layout(SHOP, shop.namespace).table("accounts").identifier
@@ -482,7 +482,7 @@ async def test_independent_operations_travel_as_one_statement(
         return uow.create("transfers", {"src": ids["alice"], "dst": ids["bob"], "amount": 10})
 
     await shop.run(transfer, retry=af.NoRetry())
-    combined = shop.db.adapter.supports_writable_cte
+    combined = shop.db._engine.adapter.supports_writable_cte
     assert [len(batch) for batch in sent.batches] == [1 if combined else 4]
     assert sent.combined() is combined
     assert (await read_account(shop, "alice") or {})["balance"] == 90
@@ -1778,14 +1778,14 @@ async def test_uow_id_is_stable_across_retries(shop: Env) -> None:
 
 async def test_no_ops_means_no_query(shop: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     checkouts = 0
-    original = shop.db.checkout
+    original = shop.db._engine.checkout
 
     async def counting_checkout() -> Session:
         nonlocal checkouts
         checkouts += 1
         return await original()
 
-    monkeypatch.setattr(shop.db, "checkout", counting_checkout)
+    monkeypatch.setattr(shop.db._engine, "checkout", counting_checkout)
     statements: list[af.CompiledQuery] = []
     hooked: list[str] = []
 
@@ -1849,7 +1849,7 @@ async def test_reads_of_one_retrieve_travel_as_one_statement(
         return [op.result for op in ops]
 
     both = await shop.run(together)
-    combined = shop.db.adapter.rows_array_sql is not None
+    combined = shop.db._engine.adapter.rows_array_sql is not None
     assert [len(batch) for batch in batches] == [1 if combined else len(reads)]
     assert both == alone
     assert [row["owner"] for row in both[0]] == ["dave", "carol"]
@@ -1931,14 +1931,14 @@ async def test_dry_run_compiles_without_touching_the_database(
     ids = await seed_accounts(shop, "alice", "bob")
     before = await shop.snapshot()
     checkouts = 0
-    original = shop.db.checkout
+    original = shop.db._engine.checkout
 
     async def counting_checkout() -> Session:
         nonlocal checkouts
         checkouts += 1
         return await original()
 
-    monkeypatch.setattr(shop.db, "checkout", counting_checkout)
+    monkeypatch.setattr(shop.db._engine, "checkout", counting_checkout)
     statements: list[af.CompiledQuery] = []
 
     async def unit(uow: af.UnitOfWork) -> tuple[Any, ...]:

@@ -267,7 +267,7 @@ async def test_json_nesting_is_bounded(store: Store) -> None:
     it; past it — or nested thousands deep, where encoding hit Python's
     recursion limit — a ValidationError. A one-key object with a key
     starting with $ counts three levels (the entry escapes it so)."""
-    limit = store.db.adapter.storage.json_max_depth
+    limit = store.db._engine.adapter.storage.json_max_depth
     assert limit <= MAX_DEPTH
     fits = [nested(limit), nested(limit, key="k"), nested(limit // 3, key="$k")]
     for value in fits:
@@ -383,7 +383,7 @@ async def test_naive_by_tzinfo_is_refused_even_as_utc(url: str, target: Target) 
     """naive_datetimes="utc" takes datetimes without a tzinfo as UTC, not
     ones whose tzinfo names a zone it cannot tell: those are refused too."""
     async with af.connect(url, backend=target.backend, naive_datetimes="utc") as db:
-        encode = db.codec.encoder("timestamp")
+        encode = db._engine.codec.encoder("timestamp")
         assert encode(dt.datetime(2024, 5, 1)) is not None
         with pytest.raises(af.ValidationError, match="utcoffset"):
             encode(dt.datetime(2024, 5, 1, tzinfo=NoOffset()))

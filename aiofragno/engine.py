@@ -1,0 +1,218 @@
+"""The engine under a Database: what units of work, the outbox and
+transactions run on.
+
+It owns one database's connections — checked out into a :class:`Session`,
+checked back in with its session state reset — and what it takes to talk
+to that database: the dialect's adapter, query compiler and value codec,
+the options, the stats, the outbox writer's compiled SQL. It runs
+statements outside a transaction (or in the caller's current one) and
+opens transactions. Features take the engine and never the
+:class:`~aiofragno.Database`, which is the facade over it: the public API,
+schemas and their layouts, migrations.
+"""
+
+from __future__ import annotations
+
+from . import runtime
+from .codec import ValueCodec
+from .driver import ISOLATION_LEVELS, CompiledQuery, Dialect, IsolationLevel, QueryResult
+from .errors import (
+    ConnectionLost,
+    DatabaseClosed,
+    DatabaseUnavailable,
+    Error,
+    ProgrammingError,
+    QueryCanceled,
+    ValidationError,
+)
+from .outbox.writer import OutboxStatements
+from .resilience import Deadline, retry_read, shared_deadline
+from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
+from .sql import Fragment
+from .stats import Stats
+from .url import DatabaseURL, Options
+
+
+class Engine(Queries):
+    """One database's connection pool and dialect, for aiofragno's features.
+    ``backend`` (the driver's name) only describes it in error messages."""
+
+    def __init__(self, dialect: Dialect, url: DatabaseURL, options: Options, backend: str) -> None:
+        self.dialect = dialect
+        self.url = url
+        self.options = options
+        self.backend = backend
+        self.adapter = dialect.create_adapter()
+        self.compiler = dialect.create_query_compiler()
+        self._driver = dialect.create_driver()
+        self.codec = ValueCodec(self.adapter.storage, naive_datetimes=options.naive_datetimes)
+        self.stats = Stats()
+        self._closed = False
+        self._outbox_statements: OutboxStatements | None = None
+
+    @property
+    def name(self) -> str:
+        """The dialect: "postgresql", "sqlite" or "mysql"."""
+        return self.dialect.name
+
+    @property
+    def pool_size(self) -> int:
+        return self._driver.pool_size
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def outbox_statements(self) -> OutboxStatements:
+        """The outbox writer's SQL for this database, compiled once."""
+        if self._outbox_statements is None:
+            self._outbox_statements = OutboxStatements(self.compiler, self.adapter)
+        return self._outbox_statements
+
+    def describe(self) -> str:
+        """The database and backend, as the Database's repr and errors name
+        them (no password)."""
+        return f"{self.url.describe()} backend={self.backend}"
+
+    def compile(self, query: Fragment) -> CompiledQuery:
+        return self.compiler.compile(query)
+
+    def raw(self, text: str) -> Fragment:
+        """A fragment of trusted SQL text without parameters (never build
+        ``text`` from user input)."""
+        return Fragment((text,))
+
+    def transaction(self, isolation: IsolationLevel | None = None) -> TransactionContext:
+        """``async with engine.transaction() as tx`` (see
+        :meth:`Database.transaction <aiofragno.Database.transaction>`)."""
+        self.check_open()
+        if isolation is not None and isolation not in ISOLATION_LEVELS:
+            raise ValidationError(
+                f"unknown isolation level {isolation!r}; use one of {sorted(ISOLATION_LEVELS)}"
+            )
+        return TransactionContext(self, isolation)
+
+    async def open(self) -> None:
+        """Open the first connection, so a bad URL or a dead server fails now."""
+        try:
+            await self._driver.init()
+        except Error:
+            raise
+        except Exception as exc:
+            raise self._unavailable(exc) from exc
+
+    async def close(self) -> None:
+        """Close every connection. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._driver.destroy()
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise DatabaseClosed(
+                f"<aiofragno.Database {self.describe()} closed> is closed; "
+                "open a new one with af.connect()"
+            )
+
+    async def _run(self, query: Fragment) -> QueryResult:
+        tx = current_transaction(self)
+        if tx is not None:
+            return await tx.execute(query)
+        compiled = self.compiler.compile(query)
+        if _is_select(compiled.sql):
+            return await retry_read(
+                self.options.reconnect_deadline, lambda: self._execute(compiled)
+            )
+        return await self._execute(compiled)
+
+    async def _execute(self, compiled: CompiledQuery) -> QueryResult:
+        """``compiled`` on a connection of its own, outside any transaction.
+        A statement that may change the session (see
+        :attr:`DialectAdapter.session_changes`) gets its connection reset
+        before reuse; one that leaves a transaction open is refused."""
+        session = await self.checkout()
+        try:
+            session.dirty = self.adapter.session_changes(compiled.sql)
+            result = await session.execute(compiled)
+            if session.connection.in_transaction:
+                session.dirty = True
+                raise ProgrammingError(
+                    f"{compiled.sql[:60]!r} left its connection in a transaction, which would "
+                    "have outlived the statement (BEGIN, START TRANSACTION or autocommit off "
+                    "outside db.transaction()); it has been rolled back. Run statements "
+                    "that belong together in `async with db.transaction() as tx:`"
+                )
+            return result
+        finally:
+            await self.checkin(session)
+
+    async def checkout(self, *, wait: bool = True) -> Session:
+        """A connection from the pool, wrapped in a :class:`Session`. While the
+        server is unreachable, retries until ``reconnect_deadline`` (``wait``)."""
+        with shared_deadline(self.options.reconnect_deadline if wait else None) as deadline:
+            if not wait:
+                deadline = Deadline(None)
+            while True:
+                self.check_open()
+                try:
+                    connection = await self._driver.acquire_connection()
+                except Error:
+                    raise
+                except Exception as exc:
+                    error = self._unavailable(exc)
+                    if not isinstance(error, DatabaseUnavailable) or not await deadline.wait():
+                        raise error from exc
+                    self.stats.reconnect_waits += 1
+                    continue
+                return Session(self._driver, connection, self.dialect.translate_error)
+
+    async def checkin(self, session: Session) -> None:
+        """Return ``session``'s connection: reset it if an operation was
+        interrupted, restore its session if that may have changed or the
+        server still has a transaction open on it, discard it if it broke
+        (or a reset failed). So the next caller gets the session as it was
+        after connect."""
+        connection = session.connection
+        if not (
+            session.broken
+            or session.interrupted
+            or session.in_transaction
+            or session.dirty
+            or connection.in_transaction
+        ):
+            # Clean: going back to the idle list awaits nothing that could be
+            # cancelled, so no shielded scope is needed.
+            await self._driver.release_connection(connection)
+            return
+        with runtime.shielded(CLEANUP_TIMEOUT):
+            discard = session.broken
+            try:
+                if not discard and (session.interrupted or session.in_transaction):
+                    discard = not await connection.reset()
+                if not discard and (session.dirty or connection.in_transaction):
+                    self.stats.session_resets += 1
+                    discard = not await connection.reset_session()
+            except Exception:
+                discard = True
+            await self._driver.release_connection(connection, discard=discard)
+
+    def _unavailable(self, exc: Exception) -> Error:
+        error = self.dialect.translate_error(exc)
+        # Failing to connect in time is the server being unavailable, whatever
+        # the driver calls it.
+        if isinstance(error, ConnectionLost | DatabaseUnavailable | QueryCanceled):
+            return DatabaseUnavailable(
+                f"cannot connect to {self.url.describe()}: {error}; "
+                "check that the server is running and the URL is right",
+                sqlstate=error.sqlstate,
+                code=error.code,
+            )
+        return error if isinstance(error, Error) else Error(str(error))
+
+
+def _is_select(sql: str) -> bool:
+    # Only plain SELECTs are retried after a lost connection: anything else
+    # (INSERT ... RETURNING through fetch, say) might have taken effect.
+    return sql.lstrip()[:6].lower() == "select"

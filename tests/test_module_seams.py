@@ -25,6 +25,7 @@ MAY_IMPORT_DATABASE = {
     "aiofragno.bench",
     "aiofragno.cli",
     "aiofragno.demo",
+    "aiofragno.otel",  # traces units run on a Database the user hands it
     "aiofragno.testing",
 }
 

@@ -17,6 +17,7 @@ from .driver import (
     DialectAdapter,
     IsolationLevel,
     QueryResult,
+    leading_keyword,
 )
 from .errors import (
     ConnectionLost,
@@ -37,7 +38,7 @@ from .outbox.writer import OutboxStatements
 from .ownership import INTERNAL_TABLES
 from .resilience import Deadline, retry_read, shared_deadline
 from .schema import Schema, TableIdentity, _check_name
-from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
+from .session import Queries, Session, TransactionContext, current_transaction
 from .sql import Fragment
 from .stats import Stats
 from .uow import execute_uow as run_uow
@@ -177,10 +178,7 @@ class Database(Queries):
         ``on_query`` sees every compiled statement; ``hooks`` instrument each
         attempt."""
         self._check_open()
-        if isolation is not None and isolation not in ISOLATION_LEVELS:
-            raise ValidationError(
-                f"unknown isolation level {isolation!r}; use one of {sorted(ISOLATION_LEVELS)}"
-            )
+        _check_isolation(isolation)
         return await run_uow(
             self,
             self.catalog(schema, namespace),
@@ -239,10 +237,7 @@ class Database(Queries):
         "read uncommitted", "read committed", "repeatable read", "serializable"
         (SQLite transactions are always serializable)."""
         self._check_open()
-        if isolation is not None and isolation not in ISOLATION_LEVELS:
-            raise ValidationError(
-                f"unknown isolation level {isolation!r}; use one of {sorted(ISOLATION_LEVELS)}"
-            )
+        _check_isolation(isolation)
         return TransactionContext(self, isolation)
 
     async def now(self) -> datetime:
@@ -306,7 +301,9 @@ class Database(Queries):
         if tx is not None:
             return await tx.execute(query)
         compiled = self.compiler.compile(query)
-        if _is_select(compiled.sql):
+        # Only plain SELECTs are retried after a lost connection: anything else
+        # (INSERT ... RETURNING through fetch, say) might have taken effect.
+        if leading_keyword(compiled.sql) == "select":
             return await retry_read(
                 self.options.reconnect_deadline, lambda: self._execute(compiled)
             )
@@ -351,7 +348,7 @@ class Database(Queries):
                         raise error from exc
                     self.stats.reconnect_waits += 1
                     continue
-                return Session(self._driver, connection, self.dialect.translate_error)
+                return Session(connection, self.dialect.translate_error)
 
     async def checkin(self, session: Session) -> None:
         """Return ``session``'s connection: reset it if an operation was
@@ -371,7 +368,7 @@ class Database(Queries):
             # cancelled, so no shielded scope is needed.
             await self._driver.release_connection(connection)
             return
-        with runtime.shielded(CLEANUP_TIMEOUT):
+        with runtime.shielded(runtime.CLEANUP_TIMEOUT):
             discard = session.broken
             try:
                 if not discard and (session.interrupted or session.in_transaction):
@@ -410,10 +407,13 @@ class Database(Queries):
             raise DatabaseClosed(f"{self!r} is closed; open a new one with af.connect()")
 
 
-def _is_select(sql: str) -> bool:
-    # Only plain SELECTs are retried after a lost connection: anything else
-    # (INSERT ... RETURNING through fetch, say) might have taken effect.
-    return sql.lstrip()[:6].lower() == "select"
+def _check_isolation(isolation: object) -> None:
+    """Refuse an unknown isolation level where the user's value enters (it
+    goes into SQL text later: ``BEGIN ISOLATION LEVEL ...``)."""
+    if isolation is not None and isolation not in ISOLATION_LEVELS:
+        raise ValidationError(
+            f"unknown isolation level {isolation!r}; use one of {sorted(ISOLATION_LEVELS)}"
+        )
 
 
 class Connect:

@@ -13,14 +13,13 @@ from . import libpq, runtime
 from .backends import choose_backend, create_dialect
 from .codec import as_utc
 from .driver import (
-    ISOLATION_LEVELS,
     CompiledQuery,
     Dialect,
     DialectAdapter,
     IsolationLevel,
     QueryResult,
 )
-from .engine import Engine
+from .engine import Engine, check_isolation
 from .errors import Error, ValidationError
 from .lost_session import end_session_reconnecting
 from .migrate import Ddl, MigrationResult
@@ -167,10 +166,7 @@ class Database(Queries):
         ``on_query`` sees every compiled statement; ``hooks`` instrument each
         attempt."""
         self._engine.check_open()
-        if isolation is not None and isolation not in ISOLATION_LEVELS:
-            raise ValidationError(
-                f"unknown isolation level {isolation!r}; use one of {sorted(ISOLATION_LEVELS)}"
-            )
+        check_isolation(isolation)
         return await run_uow(
             self._engine,
             self._catalog(schema, namespace),

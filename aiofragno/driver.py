@@ -1,8 +1,8 @@
 """The seam every backend implements: Dialect, Driver, Connection, QueryCompiler,
 DialectAdapter — and the values that cross it (CompiledQuery, QueryResult, Row).
 
-The shape follows Kysely: a *dialect* bundles a driver (connections and
-transactions), a query compiler (SQL text and placeholders) and an adapter
+The shape follows Kysely: a *dialect* bundles a driver (connections, which
+run their own transactions), a query compiler (SQL text and placeholders) and an adapter
 (capability flags the core consults instead of asking "which database is
 this?"). This module imports nothing else of aiofragno's.
 """
@@ -10,9 +10,10 @@ this?"). This module imports nothing else of aiofragno's.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 IsolationLevel = Literal["read uncommitted", "read committed", "repeatable read", "serializable"]
 ISOLATION_LEVELS: frozenset[str] = frozenset(IsolationLevel.__args__)  # type: ignore[attr-defined]
@@ -30,6 +31,29 @@ class CompiledQuery(NamedTuple):
 
     sql: str
     parameters: tuple[Any, ...] = ()
+
+
+_FIRST_WORD = re.compile(r"\s*([A-Za-z]+)")
+# Statement texts seen before and their first words: statements repeat (a
+# dictionary look-up costs less than the match). Bounded: at most 4096 texts
+# of up to 2,000 characters are remembered. (Shared by the SQLite backends'
+# threads: each dictionary operation is atomic.)
+_KEYWORDS: dict[str, str] = {}
+
+
+def leading_keyword(sql: str) -> str:
+    """The first word of statement ``sql``, lower-cased: what kind of
+    statement it is ("select", "insert", ...). "" when it starts with
+    something else, a comment for one (callers then assume the worst)."""
+    keyword = _KEYWORDS.get(sql)
+    if keyword is None:
+        match = _FIRST_WORD.match(sql)
+        keyword = match[1].lower() if match else ""
+        if len(sql) <= 2000:
+            if len(_KEYWORDS) >= 4096:
+                _KEYWORDS.clear()
+            _KEYWORDS[sql] = keyword
+    return keyword
 
 
 class Row(Mapping[str, Any]):
@@ -263,9 +287,9 @@ class Connection(Protocol):
     :meth:`Dialect.translate_error`).
 
     Round trips are the cost that matters, so a backend may defer ``begin``
-    and send it together with the transaction's first statement; a
-    transaction that ran no statement then commits or rolls back without
-    sending anything.
+    and send it together with the transaction's first statement (with a
+    :class:`DeferredBegin`); a transaction that ran no statement then commits
+    or rolls back without sending anything.
     """
 
     @property
@@ -390,9 +414,41 @@ def stopped(
 
 COMMIT = CompiledQuery("COMMIT")
 
+B = TypeVar("B")
+
+
+class DeferredBegin(Generic[B]):
+    """A transaction's BEGIN held back to travel with its first statement
+    (see :class:`Connection`): the state every backend that defers it keeps.
+    ``B`` is what the backend sends as BEGIN (SQL text, statements, a call).
+
+    Held from :meth:`defer` until :meth:`take` hands it over with the first
+    statement; :meth:`drop` at COMMIT or ROLLBACK tells whether it was ever
+    sent — if not, the transaction ran nothing and there is nothing to end."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        self.pending: B | None = None  # (read directly on hot paths)
+
+    def defer(self, begin: B) -> None:
+        self.pending = begin
+
+    def take(self) -> B | None:
+        """The held BEGIN, to send ahead of the next statement; from now on
+        it counts as sent."""
+        begin, self.pending = self.pending, None
+        return begin
+
+    def drop(self) -> bool:
+        """Forget the held BEGIN: True if there was one (nothing was sent, so
+        COMMIT or ROLLBACK has nothing to send either)."""
+        return self.take() is not None
+
 
 class Driver(Protocol):
-    """Hands out connections and runs transactions on them."""
+    """Hands out connections. (Transactions belong to the connection:
+    :meth:`Connection.begin`, whose BEGIN may travel with the first statement.)"""
 
     @property
     def pool_size(self) -> int:
@@ -409,14 +465,6 @@ class Driver(Protocol):
     async def release_connection(self, connection: Connection, *, discard: bool = False) -> None:
         """Give ``connection`` back; ``discard=True`` closes it instead of reusing."""
         ...
-
-    async def begin_transaction(
-        self, connection: Connection, isolation: IsolationLevel | None = None
-    ) -> None: ...
-
-    async def commit_transaction(self, connection: Connection) -> None: ...
-
-    async def rollback_transaction(self, connection: Connection) -> None: ...
 
     async def destroy(self) -> None:
         """Close every connection. Idempotent; acquiring afterwards raises."""

@@ -15,7 +15,14 @@ from __future__ import annotations
 
 from . import runtime
 from .codec import ValueCodec
-from .driver import ISOLATION_LEVELS, CompiledQuery, Dialect, IsolationLevel, QueryResult
+from .driver import (
+    ISOLATION_LEVELS,
+    CompiledQuery,
+    Dialect,
+    IsolationLevel,
+    QueryResult,
+    leading_keyword,
+)
 from .errors import (
     ConnectionLost,
     DatabaseClosed,
@@ -27,7 +34,7 @@ from .errors import (
 )
 from .outbox.writer import OutboxStatements
 from .resilience import Deadline, retry_read, shared_deadline
-from .session import CLEANUP_TIMEOUT, Queries, Session, TransactionContext, current_transaction
+from .session import Queries, Session, TransactionContext, current_transaction
 from .sql import Fragment
 from .stats import Stats
 from .url import DatabaseURL, Options
@@ -87,10 +94,7 @@ class Engine(Queries):
         """``async with engine.transaction() as tx`` (see
         :meth:`Database.transaction <aiofragno.Database.transaction>`)."""
         self.check_open()
-        if isolation is not None and isolation not in ISOLATION_LEVELS:
-            raise ValidationError(
-                f"unknown isolation level {isolation!r}; use one of {sorted(ISOLATION_LEVELS)}"
-            )
+        check_isolation(isolation)
         return TransactionContext(self, isolation)
 
     async def open(self) -> None:
@@ -121,7 +125,9 @@ class Engine(Queries):
         if tx is not None:
             return await tx.execute(query)
         compiled = self.compiler.compile(query)
-        if _is_select(compiled.sql):
+        # Only plain SELECTs are retried after a lost connection: anything else
+        # (INSERT ... RETURNING through fetch, say) might have taken effect.
+        if leading_keyword(compiled.sql) == "select":
             return await retry_read(
                 self.options.reconnect_deadline, lambda: self._execute(compiled)
             )
@@ -166,7 +172,7 @@ class Engine(Queries):
                         raise error from exc
                     self.stats.reconnect_waits += 1
                     continue
-                return Session(self._driver, connection, self.dialect.translate_error)
+                return Session(connection, self.dialect.translate_error)
 
     async def checkin(self, session: Session) -> None:
         """Return ``session``'s connection: reset it if an operation was
@@ -186,7 +192,7 @@ class Engine(Queries):
             # cancelled, so no shielded scope is needed.
             await self._driver.release_connection(connection)
             return
-        with runtime.shielded(CLEANUP_TIMEOUT):
+        with runtime.shielded(runtime.CLEANUP_TIMEOUT):
             discard = session.broken
             try:
                 if not discard and (session.interrupted or session.in_transaction):
@@ -212,7 +218,10 @@ class Engine(Queries):
         return error if isinstance(error, Error) else Error(str(error))
 
 
-def _is_select(sql: str) -> bool:
-    # Only plain SELECTs are retried after a lost connection: anything else
-    # (INSERT ... RETURNING through fetch, say) might have taken effect.
-    return sql.lstrip()[:6].lower() == "select"
+def check_isolation(isolation: object) -> None:
+    """Refuse an unknown isolation level where the user's value enters (it
+    goes into SQL text later: ``BEGIN ISOLATION LEVEL ...``)."""
+    if isolation is not None and isolation not in ISOLATION_LEVELS:
+        raise ValidationError(
+            f"unknown isolation level {isolation!r}; use one of {sorted(ISOLATION_LEVELS)}"
+        )

@@ -15,15 +15,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from . import runtime
-from .driver import Connection, DialectAdapter, IsolationLevel, QueryCompiler
+from .driver import Connection, DialectAdapter, QueryCompiler
 from .errors import DatabaseClosed, PoolTimeout, WrongEventLoop
 from .slots import Slots
 from .url import Options
 
 Connector = Callable[[], Awaitable[Connection]]
-
-# Closing or resetting a connection must not hang on a dead peer.
-_CLEANUP_TIMEOUT = 5.0
 
 
 @dataclass(slots=True)
@@ -168,7 +165,7 @@ async def _answers(connection: Connection) -> bool:
 
 
 async def _close(connection: Connection) -> None:
-    with runtime.shielded(_CLEANUP_TIMEOUT):
+    with runtime.shielded(runtime.CLEANUP_TIMEOUT):
         await connection.close()
 
 
@@ -191,17 +188,6 @@ class PooledDriver:
 
     async def release_connection(self, connection: Connection, *, discard: bool = False) -> None:
         await self.pool.release(connection, discard=discard)
-
-    async def begin_transaction(
-        self, connection: Connection, isolation: IsolationLevel | None = None
-    ) -> None:
-        await connection.begin(isolation)
-
-    async def commit_transaction(self, connection: Connection) -> None:
-        await connection.commit()
-
-    async def rollback_transaction(self, connection: Connection) -> None:
-        await connection.rollback()
 
     async def destroy(self) -> None:
         await self.pool.close()

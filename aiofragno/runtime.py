@@ -31,6 +31,7 @@ from anyio import (
 )
 
 __all__ = [
+    "CLEANUP_TIMEOUT",
     "CancelScope",
     "Event",
     "Lock",
@@ -115,6 +116,12 @@ def call_later(delay: float, callback: Callable[[], object]) -> None:
         callback()
 
     trio.lowlevel.spawn_system_task(later)
+
+
+# How long cleanup (a rollback, a reset, closing a connection) may take in a
+# shielded scope: it must finish even when the task is being cancelled, but
+# must not hang on a dead peer.
+CLEANUP_TIMEOUT = 5.0
 
 
 def shielded(timeout: float | None = None) -> AbstractContextManager[CancelScope]:

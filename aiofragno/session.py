@@ -21,7 +21,6 @@ from .driver import (
     CompiledQuery,
     Connection,
     DialectAdapter,
-    Driver,
     IsolationLevel,
     QueryResult,
     Row,
@@ -34,10 +33,6 @@ from .sql import Fragment
 logger = logging.getLogger("aiofragno")
 T = TypeVar("T")
 
-# Rollbacks and resets must finish even when the task is being cancelled, but
-# must not hang on a dead peer.
-CLEANUP_TIMEOUT = 5.0
-
 
 class Session:
     """One connection checked out of the pool for one logical caller."""
@@ -46,7 +41,6 @@ class Session:
         "broken",
         "connection",
         "dirty",
-        "driver",
         "in_transaction",
         "interrupted",
         "savepoints",
@@ -54,12 +48,8 @@ class Session:
     )
 
     def __init__(
-        self,
-        driver: Driver,
-        connection: Connection,
-        translate: Callable[[BaseException], Exception],
+        self, connection: Connection, translate: Callable[[BaseException], Exception]
     ) -> None:
-        self.driver = driver
         self.connection = connection
         self.translate = translate
         self.broken = False  # lost: discard on release
@@ -102,11 +92,11 @@ class Session:
         return await self._call(self.connection.execute_batch(queries, stop))
 
     async def begin(self, isolation: IsolationLevel | None) -> None:
-        await self._call(self.driver.begin_transaction(self.connection, isolation))
+        await self._call(self.connection.begin(isolation))
         self.in_transaction = True
 
     async def rollback(self) -> None:
-        await self._call(self.driver.rollback_transaction(self.connection))
+        await self._call(self.connection.rollback())
         self.in_transaction = False
 
     async def commit(
@@ -123,7 +113,7 @@ class Session:
             if stopped(queries, results, stop):
                 return results
         else:
-            await self._committing(self.driver.commit_transaction(self.connection))
+            await self._committing(self.connection.commit())
         self.in_transaction = False
         return results
 
@@ -403,12 +393,14 @@ async def _rollback_quietly(session: Session, rollback: Callable[[], Awaitable[A
     """Roll back while an exception is already propagating: a failure here must
     not replace the caller's exception. The connection is then marked broken,
     so it is discarded rather than reused."""
-    with runtime.shielded(CLEANUP_TIMEOUT) as scope:
+    with runtime.shielded(runtime.CLEANUP_TIMEOUT) as scope:
         try:
             await rollback()
         except Error as exc:
             logger.warning("rollback failed; discarding the connection: %s", exc)
             session.broken = True
     if scope.cancelled_caught:
-        logger.warning("rollback timed out after %ss; discarding the connection", CLEANUP_TIMEOUT)
+        logger.warning(
+            "rollback timed out after %ss; discarding the connection", runtime.CLEANUP_TIMEOUT
+        )
         session.broken = True

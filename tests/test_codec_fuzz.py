@@ -15,6 +15,7 @@ import base64
 import datetime as dt
 import json
 import os
+import sqlite3
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -78,10 +79,13 @@ PROFILES: dict[str, Catalog] = {
     ),
     "mysql": _catalog(mysql.ADAPTER, mysql.create_compiler(), "utc", SuffixNaming()),
     "sqlite-epoch-ms": _catalog(
-        sqlite.adapter(Options()), sqlite.create_compiler(), "reject", SuffixNaming()
+        sqlite.adapter(Options(), sqlite3.sqlite_version_info),
+        sqlite.create_compiler(),
+        "reject",
+        SuffixNaming(),
     ),
     "sqlite-iso-text": _catalog(
-        sqlite.adapter(Options(sqlite_timestamps="iso-text")),
+        sqlite.adapter(Options(sqlite_timestamps="iso-text"), sqlite3.sqlite_version_info),
         sqlite.create_compiler(),
         "utc",
         SuffixNaming(),

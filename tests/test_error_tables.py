@@ -28,6 +28,7 @@ import pytest
 import aiofragno as af
 from aiofragno.backends import asyncmy as asyncmy_backend
 from aiofragno.backends import asyncpg as asyncpg_backend
+from aiofragno.backends import sqlite_connection
 from aiofragno.dialects import mysql, postgresql
 from aiofragno.dialects import sqlite as sqlite_dialect
 from aiofragno.errors import ErrorTable
@@ -53,7 +54,7 @@ def anyio_backend() -> str:
 # The translation each backend really uses (code extraction + its ErrorTable).
 PG_TRANSLATE = asyncpg_backend.create_dialect(parse_url(POSTGRES_URL), Options()).translate_error
 MY_TRANSLATE = asyncmy_backend.create_dialect(parse_url(MYSQL_URL), Options()).translate_error
-LITE_TRANSLATE = sqlite_dialect.translate_error
+LITE_TRANSLATE = sqlite_connection.translate_error
 
 SQLITE_CODES = sqlite_dialect._CODES
 

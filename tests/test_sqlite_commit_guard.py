@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from aiofragno.dialects.sqlite import CommitGuard
+from aiofragno.backends.sqlite_connection import CommitGuard
 
 
 def _open_transaction() -> sqlite3.Connection:

@@ -6,15 +6,15 @@ from typing import TypeVar
 
 import aiosqlite
 
-from ..dialects import sqlite
 from ..pool import PooledDialect
 from ..url import DatabaseURL, Options
+from .sqlite_connection import Call, SqliteConnection, WriteGate, database_path, pooled_dialect
 
 T = TypeVar("T")
 
 
-class AiosqliteConnection(sqlite.SqliteConnection):
-    async def _call(self, call: sqlite.Call[T]) -> T:
+class AiosqliteConnection(SqliteConnection):
+    async def _call(self, call: Call[T]) -> T:
         # aiosqlite's hook for running a function on its thread: one hop for a
         # whole batch, where its public execute/fetch calls take one each.
         result: T = await self._raw._execute(call, self._raw._conn)
@@ -30,14 +30,10 @@ class AiosqliteConnection(sqlite.SqliteConnection):
 
 
 def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
-    gate = sqlite.WriteGate(options.busy_timeout)
-
-    async def connect() -> AiosqliteConnection:
+    async def connect(gate: WriteGate) -> AiosqliteConnection:
         raw = await aiosqlite.connect(
-            sqlite.database_path(url), isolation_level=None, timeout=options.busy_timeout
+            database_path(url), isolation_level=None, timeout=options.busy_timeout
         )
-        connection = AiosqliteConnection(raw, gate)
-        await connection.configure(url, options)
-        return connection
+        return AiosqliteConnection(raw, gate)
 
-    return sqlite.pooled_dialect(url, options, connect)
+    return pooled_dialect(url, options, connect)

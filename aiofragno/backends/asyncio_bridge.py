@@ -47,6 +47,7 @@ import trio
 from ..driver import (
     CompiledQuery,
     Connection,
+    DeferredBegin,
     DialectAdapter,
     IsolationLevel,
     QueryCompiler,
@@ -307,7 +308,8 @@ class BridgedConnection:
     def __init__(self, bridge: AsyncioLoopThread, raw: Connection) -> None:
         self._bridge = bridge
         self._closed = False
-        self._begin: tuple[IsolationLevel | None] | None = None  # deferred begin
+        # The driver's begin, run on the loop with the first statement.
+        self._begin: DeferredBegin[Factory[None]] = DeferredBegin()
         self.raw = raw
 
     @property
@@ -325,7 +327,7 @@ class BridgedConnection:
         return self.raw.in_transaction
 
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
-        if self._begin is None:
+        if self._begin.pending is None:
             return await self._bridge.run(partial(self.raw.execute_query, query))
         return (await self.execute_batch((query,)))[0]
 
@@ -342,28 +344,25 @@ class BridgedConnection:
     async def _after_begin(self, call: Factory[T]) -> T:
         """``call`` on the loop, after the deferred ``begin`` if one is pending:
         one crossing for both."""
-        begin, self._begin = self._begin, None
-        raw = self.raw
+        begin = self._begin.take()
 
         async def run() -> T:
             if begin is not None:
-                await raw.begin(*begin)
+                await begin()
             return await call()
 
         return await self._bridge.run(run)
 
     async def begin(self, isolation: IsolationLevel | None) -> None:
-        self._begin = (isolation,)
+        self._begin.defer(partial(self.raw.begin, isolation))
 
     async def commit(self) -> None:
-        if self._begin is not None:
-            self._begin = None  # nothing ran: nothing to commit
-            return
+        if self._begin.drop():
+            return  # nothing ran: nothing to commit
         await self._bridge.run(self.raw.commit)
 
     async def rollback(self) -> None:
-        if self._begin is not None:
-            self._begin = None
+        if self._begin.drop():
             return
         await self._bridge.run(self.raw.rollback)
 
@@ -371,11 +370,11 @@ class BridgedConnection:
         await self._bridge.run(self.raw.ping)
 
     async def reset(self) -> bool:
-        self._begin = None
+        self._begin.drop()
         return await self._bridge.run(self.raw.reset)
 
     async def reset_session(self) -> bool:
-        self._begin = None
+        self._begin.drop()
         return await self._bridge.run(self.raw.reset_session)
 
     async def close(self) -> None:

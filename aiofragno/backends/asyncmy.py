@@ -30,6 +30,7 @@ from ..dialects import mysql
 from ..driver import (
     COMMIT,
     CompiledQuery,
+    DeferredBegin,
     IsolationLevel,
     QueryResult,
     Row,
@@ -236,7 +237,8 @@ class AsyncmyConnection:
         self._kill = kill
         self.server_session = server_session
         self._restore = restore
-        self._begin: list[str] = []  # statements to send ahead of the next batch
+        # Statements to send ahead of the next batch.
+        self._begin: DeferredBegin[tuple[str, ...]] = DeferredBegin()
 
     @property
     def is_closed(self) -> bool:
@@ -255,7 +257,7 @@ class AsyncmyConnection:
     async def execute_batch(
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
     ) -> list[QueryResult]:
-        lead, self._begin = self._begin, []
+        lead = self._begin.take() or ()
         if len(queries) == 1 and not lead:
             texts = [_bind(*queries[0])]
         else:
@@ -281,15 +283,14 @@ class AsyncmyConnection:
         return results
 
     async def begin(self, isolation: IsolationLevel | None) -> None:
-        if isolation is not None:
-            # Applies to the next transaction only.
-            self._begin.append(mysql.isolation_statement(isolation))
-        self._begin.append("BEGIN")
+        if isolation is None:
+            self._begin.defer(("BEGIN",))
+        else:  # (SET TRANSACTION applies to the next transaction only)
+            self._begin.defer((mysql.isolation_statement(isolation), "BEGIN"))
 
     async def commit(self) -> None:
-        if self._begin:
-            self._begin = []  # nothing ran: nothing to commit
-            return
+        if self._begin.drop():
+            return  # nothing ran: nothing to commit
         await self._raw.commit()
 
     async def commit_batch(
@@ -304,8 +305,7 @@ class AsyncmyConnection:
         return (await self.execute_batch([*queries, COMMIT]))[:-1]
 
     async def rollback(self) -> None:
-        if self._begin:
-            self._begin = []
+        if self._begin.drop():
             return
         await self._raw.rollback()
 
@@ -313,7 +313,7 @@ class AsyncmyConnection:
         await self._raw.ping(reconnect=False)
 
     async def reset(self) -> bool:
-        self._begin = []
+        self._begin.drop()
         # An interrupted read leaves the protocol stream mid-packet, so the
         # connection is discarded; the server would go on running the statement
         # (holding its locks) unless told to stop from another connection.
@@ -323,7 +323,7 @@ class AsyncmyConnection:
         return False
 
     async def reset_session(self) -> bool:
-        self._begin = []
+        self._begin.drop()
         # COM_RESET_CONNECTION ends the transaction, drops temporary tables,
         # user variables and prepared statements, releases every user-level
         # lock and returns settings to the server's defaults; it keeps the

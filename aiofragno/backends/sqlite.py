@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 import anyio
 import sniffio
 
-from ..dialects import sqlite
 from ..pool import PooledDialect
 from ..url import DatabaseURL, Options
+from .sqlite_connection import Call, SqliteConnection, WriteGate, database_path, pooled_dialect
 
 T = TypeVar("T")
 Wake = Callable[[Callable[[], object]], object]
@@ -75,12 +75,12 @@ class _Worker:
         self._calls.put(None)
 
 
-class ThreadSqliteConnection(sqlite.SqliteConnection):
-    def __init__(self, raw: sqlite3.Connection, gate: sqlite.WriteGate, worker: _Worker) -> None:
+class ThreadSqliteConnection(SqliteConnection):
+    def __init__(self, raw: sqlite3.Connection, gate: WriteGate, worker: _Worker) -> None:
         super().__init__(raw, gate)
         self._worker = worker
 
-    async def _call(self, call: sqlite.Call[T]) -> T:
+    async def _call(self, call: Call[T]) -> T:
         return await self._worker.run(partial(call, self._raw))
 
     def _interrupt(self) -> None:
@@ -94,25 +94,21 @@ class ThreadSqliteConnection(sqlite.SqliteConnection):
 
 
 def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
-    gate = sqlite.WriteGate(options.busy_timeout)
-
     def open_raw() -> sqlite3.Connection:
         return sqlite3.connect(
-            sqlite.database_path(url),
+            database_path(url),
             isolation_level=None,
             timeout=options.busy_timeout,
             check_same_thread=False,
         )
 
-    async def connect() -> ThreadSqliteConnection:
+    async def connect(gate: WriteGate) -> ThreadSqliteConnection:
         worker = _Worker()
         try:
             raw = await worker.run(open_raw)
         except BaseException:
             worker.stop()
             raise
-        connection = ThreadSqliteConnection(raw, gate, worker)
-        await connection.configure(url, options)
-        return connection
+        return ThreadSqliteConnection(raw, gate, worker)
 
-    return sqlite.pooled_dialect(url, options, connect)
+    return pooled_dialect(url, options, connect)

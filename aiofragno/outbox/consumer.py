@@ -309,7 +309,7 @@ class _Run:
     async def flush_on_the_way_out(self) -> None:
         # While an exception (a cancellation, too) propagates: record what was
         # done if that can be had quickly, without hiding the exception.
-        with runtime.shielded(5.0), contextlib.suppress(Error, LeaseLost):
+        with runtime.shielded(runtime.CLEANUP_TIMEOUT), contextlib.suppress(Error, LeaseLost):
             await self.flush()  # (if not, those entries are delivered again)
 
     async def pause(self, failures: int) -> None:

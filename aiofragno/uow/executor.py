@@ -30,7 +30,7 @@ from ..outbox.versionstamp import MAX_INDEX
 from ..outbox.writer import entry_values
 from ..resilience import retry_read, shared_deadline
 from ..schema import new_external_id
-from ..session import CLEANUP_TIMEOUT, Session, current_transaction
+from ..session import Session, current_transaction
 from .catalog import Catalog
 from .combine import combinable, combine, combine_committing, groups, split
 from .ops import Check, MutationOp
@@ -365,7 +365,7 @@ async def _write_runs(
 async def _rollback(session: Session) -> None:
     if not session.in_transaction or session.broken or session.interrupted:
         return  # nothing to undo, or checkin resets/discards the connection
-    with runtime.shielded(CLEANUP_TIMEOUT):
+    with runtime.shielded(runtime.CLEANUP_TIMEOUT):
         try:
             await session.rollback()
         except Exception:

@@ -158,7 +158,7 @@ def client_gone_during_commit_batch(before: str | None = None) -> Any:
             return await original(self, queries, stop)
         fault.armed = False
         fault.fired += 1
-        lead, self._begin = self._begin, []
+        lead = self._begin.take() or ()
         texts = [q.sql for q in queries]
         at = next((i for i, t in enumerate(texts) if before in t), 0) if before else 0
         text = ";\n".join([*lead, *texts[:at], "DO SLEEP(0.3)", *texts[at:]])

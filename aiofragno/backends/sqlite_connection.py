@@ -1,0 +1,365 @@
+"""The SQLite connection both SQLite backends build on — they differ only in
+how a call reaches the ``sqlite3`` connection: aiosqlite's thread, or a worker
+thread of our own — and the Dialect they assemble around it.
+
+Concurrency model. SQLite allows one writer at a time per database file. Every
+transaction starts with ``BEGIN IMMEDIATE`` (it takes the write lock up front,
+so it can never fail later on lock upgrade), and inside one process writers
+queue on a fair :class:`WriteGate` instead of polling SQLite's busy handler —
+so concurrent transactions wait their turn and never fail with "database is
+locked". Another *process* holding the lock longer than ``busy_timeout`` gives
+:class:`~aiofragno.errors.LockTimeout`. WAL mode lets readers run beside the
+writer.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar
+
+from .. import runtime
+from ..dialects import sqlite
+from ..driver import (
+    CompiledQuery,
+    DeferredBegin,
+    IsolationLevel,
+    QueryResult,
+    Row,
+    StopWhen,
+    column_index,
+    leading_keyword,
+    stopped,
+)
+from ..errors import (
+    ConnectionLost,
+    DataError,
+    ErrorTable,
+    IntegrityError,
+    LockTimeout,
+    ProgrammingError,
+    ValidationError,
+)
+from ..pool import PooledDialect
+from ..slots import Slots
+from ..url import DatabaseURL, Options
+
+ERRORS = ErrorTable(
+    codes=sqlite.CODES,
+    types=[
+        # Raised by sqlite3 for values it cannot bind (e.g. a list).
+        (sqlite3.ProgrammingError, ValidationError),
+        (sqlite3.IntegrityError, IntegrityError),
+        (sqlite3.DataError, DataError),
+        (sqlite3.OperationalError, ProgrammingError),
+    ],
+    sqlstates=sqlite.SQLSTATES,
+)
+
+
+def translate_error(exc: BaseException) -> Exception:
+    if isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc):
+        return ConnectionLost(str(exc))
+    code = getattr(exc, "sqlite_errorcode", None)
+    return ERRORS.translate(exc, None if code is None else str(code))
+
+
+def database_path(url: DatabaseURL) -> str:
+    return ":memory:" if url.is_memory else url.database
+
+
+def pool_size(url: DatabaseURL, options: Options) -> int:
+    # Each connection to ":memory:" is a separate database: share one.
+    return 1 if url.is_memory else options.pool_size
+
+
+def pooled_dialect(
+    url: DatabaseURL,
+    options: Options,
+    open_connection: Callable[[WriteGate], Awaitable[SqliteConnection]],
+) -> PooledDialect:
+    """The Dialect of either SQLite backend: ``open_connection(gate)`` opens
+    one of its connections to ``url``, queueing its writers on ``gate`` (one
+    per Database); here it gets its settings."""
+    gate = WriteGate(options.busy_timeout)
+
+    async def connect() -> SqliteConnection:
+        connection = await open_connection(gate)
+        await connection.configure(url, options)
+        return connection
+
+    return PooledDialect(
+        name="sqlite",
+        adapter=sqlite.adapter(options, sqlite3.sqlite_version_info),
+        compiler=sqlite.create_compiler,
+        translate=translate_error,
+        connect=connect,
+        options=options,
+        pool_size=pool_size(url, options),
+        # ":memory:" lives as long as its one connection: never recycle it.
+        recycle=not url.is_memory,
+    )
+
+
+class WriteGate:
+    """Admits one writing transaction at a time, first come first served.
+    Waiting here counts against ``busy_timeout`` like waiting for another
+    process's lock does, so a writer gives up after about that long in all."""
+
+    def __init__(self, timeout: float) -> None:
+        self._slot = Slots(1, timeout)
+        self._timeout = timeout
+
+    async def acquire(self) -> None:
+        if not await self._slot.acquire():
+            raise LockTimeout(
+                f"waited busy_timeout={self._timeout}s for this process's other writers; "
+                "shorten write transactions or raise busy_timeout",
+                sqlstate="55P03",
+            )
+
+    def release(self) -> None:
+        self._slot.release()
+
+
+# Statements that run beside a writer without its gate, and those that insert.
+_READS = frozenset({"select", "explain"})
+_INSERTS = frozenset({"insert", "replace"})
+
+
+def _reads_only(sql: str) -> bool:
+    return leading_keyword(sql) in _READS
+
+
+T = TypeVar("T")
+# Runs on the sqlite3 connection's own thread.
+Call = Callable[[sqlite3.Connection], T]
+
+
+class SqliteConnection(ABC):
+    """A SQLite connection; subclasses say how a call reaches sqlite3's thread.
+
+    Every statement costs a thread hop each way, so whole batches go in one
+    call, and ``begin`` (which only queues on the write gate) sends its
+    ``BEGIN IMMEDIATE`` with the transaction's first statement."""
+
+    def __init__(self, raw: Any, gate: WriteGate) -> None:
+        # raw: a sqlite3.Connection, or aiosqlite's wrapper around one.
+        self._raw = raw
+        self._gate = gate
+        self._holds_gate = False
+        self._begin: DeferredBegin[str] = DeferredBegin()
+        self._closed = False
+        self._settings: list[CompiledQuery] = []  # (configure)
+        self._memory = False
+
+    # In-process: a connection that breaks leaves nothing running elsewhere.
+    server_session = None
+
+    @property
+    def is_closed(self) -> bool:
+        if self._closed:
+            return True
+        try:
+            self._raw.total_changes  # noqa: B018  (raises once sqlite3 closed it)
+        except (sqlite3.ProgrammingError, ValueError):
+            return True
+        return False
+
+    @property
+    def in_transaction(self) -> bool:
+        # (A closed connection raises when asked.)
+        return not self.is_closed and bool(self._raw.in_transaction)
+
+    @abstractmethod
+    async def _call(self, call: Call[T]) -> T:
+        """``call(sqlite3 connection)`` on the connection's thread."""
+
+    @abstractmethod
+    async def _close_raw(self) -> None:
+        """Close the sqlite3 connection in its thread."""
+
+    @abstractmethod
+    def _interrupt(self) -> None:
+        """Make the statement running in sqlite3's thread stop (thread-safe)."""
+
+    async def _interruptible(self, call: Call[T]) -> T:
+        try:
+            return await self._call(call)
+        except runtime.get_cancelled_exc_class():
+            # The thread would otherwise run the statement to its end.
+            self._interrupt()
+            raise
+
+    async def execute_query(self, query: CompiledQuery) -> QueryResult:
+        return (await self.execute_batch((query,)))[0]
+
+    async def execute_batch(
+        self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
+    ) -> list[QueryResult]:
+        call = partial(run_batch, queries=queries, stop=stop, begin=self._begin.take())
+        if self._holds_gate or all(_reads_only(query.sql) for query in queries):
+            return await self._interruptible(call)
+        await self._gate.acquire()
+        try:
+            return await self._interruptible(call)
+        finally:
+            self._gate.release()
+
+    async def begin(self, isolation: IsolationLevel | None) -> None:
+        # SQLite transactions are serializable, which satisfies every level.
+        await self._gate.acquire()
+        self._holds_gate = True
+        self._begin.defer("BEGIN IMMEDIATE")
+
+    async def commit(self) -> None:
+        if not self._begin.drop():  # (else nothing ran: nothing to commit)
+            await self._call(partial(_run_sql, sql="COMMIT"))
+        self._release_gate()
+
+    async def commit_batch(
+        self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
+    ) -> list[QueryResult]:
+        """One hop for the statements, ``stop``'s checks and COMMIT. A
+        cancelled caller interrupts the statements, never a COMMIT that has
+        started (its outcome is then the database's)."""
+        guard = CommitGuard(self._interrupt)
+        begin = self._begin.take()
+        call = partial(run_batch, queries=queries, stop=stop, begin=begin, commit=guard)
+        try:
+            results = await self._call(call)
+        except runtime.get_cancelled_exc_class():
+            guard.interrupt()
+            raise
+        if not stopped(queries, results, stop):
+            self._release_gate()
+        return results
+
+    async def rollback(self) -> None:
+        try:
+            if not self._begin.drop() and self._raw.in_transaction:
+                await self._call(partial(_run_sql, sql="ROLLBACK"))
+        finally:
+            self._release_gate()
+
+    async def ping(self) -> None:
+        await self._call(partial(_run_sql, sql="SELECT 1"))
+
+    async def configure(self, url: DatabaseURL, options: Options) -> None:
+        """Apply the connection settings; closes the connection if that fails."""
+        self._settings = [CompiledQuery(s) for s in sqlite.pragmas(url, options)]
+        self._memory = url.is_memory
+        try:
+            await self._call(partial(run_batch, queries=self._settings))
+        except BaseException:
+            with runtime.shielded():
+                await self.close()
+            raise
+
+    async def reset(self) -> bool:
+        try:
+            await self.rollback()
+        except Exception:
+            return False
+        return True
+
+    async def reset_session(self) -> bool:
+        """A database file's connection is replaced: a new one is cheap, and
+        nothing short of that undoes every PRAGMA, temporary object and
+        attached database. A ``:memory:`` database lives only as long as its
+        one connection, so that one is rolled back and configured again;
+        anything else raw SQL changed on it stays."""
+        await self.rollback()
+        if not self._memory:
+            return False
+        await self._call(partial(run_batch, queries=self._settings))
+        return True
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._begin.drop()
+        self._release_gate()
+        await self._close_raw()
+
+    def _release_gate(self) -> None:
+        if self._holds_gate:
+            self._holds_gate = False
+            self._gate.release()
+
+
+class CommitGuard:
+    """Lets a cancelled caller interrupt a batch up to its COMMIT, and not
+    once COMMIT has started: an interrupted COMMIT could leave the caller
+    unsure whether it applied while the transaction is in fact gone."""
+
+    def __init__(self, interrupt: Callable[[], None]) -> None:
+        self._lock = threading.Lock()
+        self._interrupt = interrupt
+        self._state = "running"  # -> "interrupted" | "committing"
+
+    def interrupt(self) -> None:
+        """From the caller's side: stop the batch unless COMMIT has started."""
+        with self._lock:
+            if self._state == "running":
+                self._state = "interrupted"
+                self._interrupt()
+
+    def commit(self, raw: sqlite3.Connection) -> None:
+        """From sqlite3's thread: COMMIT, unless the caller has gone."""
+        with self._lock:
+            if self._state == "interrupted":
+                # (sqlite3's interrupt is lost when no statement was running.)
+                raise sqlite3.OperationalError("interrupted before COMMIT")
+            self._state = "committing"
+        _run_sql(raw, "COMMIT")
+
+
+def run_batch(
+    raw: sqlite3.Connection,
+    *,
+    queries: Sequence[CompiledQuery],
+    stop: StopWhen | None = None,
+    begin: str | None = None,
+    commit: CommitGuard | None = None,
+) -> list[QueryResult]:
+    """Statements start to finish on the calling thread (sqlite3's), after
+    ``begin`` (a deferred BEGIN) if given, up to the stop point; then, if
+    none was reached, COMMIT through ``commit``."""
+    if begin is not None:
+        _run_sql(raw, begin)
+    results: list[QueryResult] = []
+    for index, query in enumerate(queries):
+        result = _run_query(raw, query)
+        results.append(result)
+        if stop is not None and stop(index, result):
+            return results
+    if commit is not None:
+        commit.commit(raw)
+    return results
+
+
+def _run_query(raw: sqlite3.Connection, query: CompiledQuery) -> QueryResult:
+    # Each cursor is finished and closed: a statement left open would make
+    # every later one fail after an interrupt().
+    cursor = raw.execute(query.sql, query.parameters)
+    try:
+        description = cursor.description
+        if description is None:
+            # sqlite3 keeps lastrowid from the connection's last INSERT: report
+            # it only for the statement that inserted.
+            inserted = leading_keyword(query.sql) in _INSERTS
+            return QueryResult([], max(cursor.rowcount, 0), cursor.lastrowid if inserted else None)
+        values = cursor.fetchall()
+        index = column_index(tuple([column[0] for column in description]))
+        return QueryResult([Row(index, row) for row in values], len(values), cursor.lastrowid)
+    finally:
+        cursor.close()
+
+
+def _run_sql(raw: sqlite3.Connection, sql: str) -> None:
+    raw.execute(sql).close()

@@ -4,7 +4,8 @@ DialectAdapter — and the values that cross it (CompiledQuery, QueryResult, Row
 The shape follows Kysely: a *dialect* bundles a driver (connections, which
 run their own transactions), a query compiler (SQL text and placeholders) and an adapter
 (capability flags the core consults instead of asking "which database is
-this?"). This module imports nothing else of aiofragno's.
+this?"). This module imports nothing else of aiofragno's (but, for type
+checking, :class:`~aiofragno.sqltext.SqlText`, which imports nothing).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import functools
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from .sqltext import SqlText
 
 IsolationLevel = Literal["read uncommitted", "read committed", "repeatable read", "serializable"]
 ISOLATION_LEVELS: frozenset[str] = frozenset(IsolationLevel.__args__)  # type: ignore[attr-defined]
@@ -477,20 +481,21 @@ class QueryCompiler(Protocol):
 
     def compile(self, node: Any) -> CompiledQuery: ...
 
+    def compile_parts(self, node: Any) -> tuple[SqlText, tuple[Any, ...]]:
+        """The fragment as text with a slot per parameter (no placeholders
+        yet), and its parameters in slot order."""
+        ...
+
+    def render(self, text: SqlText) -> str:
+        """``text`` with this dialect's placeholders in its slots, every
+        piece through :meth:`escape_text`: what the driver receives."""
+        ...
+
     def quote_identifier(self, name: str) -> str: ...
 
     def escape_text(self, text: str) -> str:
         """SQL text without placeholders as the driver must receive it, so
         that nothing in it (a name, a literal) is taken for a placeholder."""
-        ...
-
-    def placeholder(self, index: int) -> str:
-        """The placeholder of the ``index``-th parameter (1-based)."""
-        ...
-
-    def shift_placeholders(self, sql: str, offset: int) -> str:
-        """``sql``'s placeholders renumbered to follow ``offset`` earlier
-        parameters (unchanged where placeholders are positional)."""
         ...
 
 

@@ -14,7 +14,9 @@ braces. What fills a hole decides how it is compiled:
   nothing, ``NOT IN`` everything). Elsewhere a list is an ordinary value (a
   PostgreSQL array).
 
-Fragments are compiled per dialect by :class:`SqlCompiler`.
+Fragments are compiled per dialect by :class:`SqlCompiler`: first to an
+:class:`~aiofragno.sqltext.SqlText` (text pieces, a slot per parameter), which
+statements are combined in, then rendered with the dialect's placeholders.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 import string
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final
@@ -30,12 +32,10 @@ from typing import Any, Final
 from .driver import CompiledQuery
 from .errors import ValidationError
 from .json_check import MAX_DEPTH, check_json
+from .sqltext import SqlText
 
 _IN_SUFFIX: Final = re.compile(r"(?is)\b(not\s+)?in\s*\Z")
 _IN_PAREN_SUFFIX: Final = re.compile(r"(?is)\bin\s*\(\s*\Z")
-# A numbered placeholder, or a quoted identifier or string literal (as the
-# compiler writes them: quotes inside doubled), whose text is kept as it is.
-_NUMBERED: Final = re.compile(r"\$(\d+)|\"(?:[^\"]|\"\")*\"|'(?:[^']|'')*'")
 _LIST_TYPES: Final = (list, tuple, set, frozenset)
 
 
@@ -102,6 +102,16 @@ def unicode_text(value: str) -> str:
                 "stored: it is not Unicode text; decode bytes without surrogateescape"
             ) from None
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class Unbound:
+    """A parameter whose value is given per use, not when the fragment is
+    compiled: :meth:`SqlCompiler.compile_parts` leaves it, unencoded, in the
+    parameters, for the caller to replace by ``name`` (statements compiled
+    once and run many times with other values)."""
+
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,16 +288,45 @@ class SqlCompiler:
         self._quoted: dict[str, str] = {}
 
     def compile(self, node: Fragment) -> CompiledQuery:
+        pieces, params = self._pieces(node)
+        return CompiledQuery(self._render(pieces), tuple(params))
+
+    def compile_parts(self, node: Fragment) -> tuple[SqlText, tuple[Any, ...]]:
+        """``node`` as text with a slot per parameter, and the parameters
+        (encoded; an :class:`Unbound` one left as it is), in slot order."""
+        pieces, params = self._pieces(node)
+        return SqlText(tuple(pieces)), tuple(params)
+
+    def render(self, text: SqlText) -> str:
+        """``text`` as the driver must receive it: each piece through
+        :meth:`escape_text`, and in each slot the next parameter's
+        placeholder — numbered (``$1``, ``$2``, ...) here and only here."""
+        return self._render(text.pieces)
+
+    def _render(self, pieces: Sequence[str]) -> str:
+        if self._escape_percent:
+            pieces = [self.escape_text(piece) for piece in pieces]
+        if not self._numbered:
+            return self._placeholder.join(pieces)
+        out = [""] * (2 * len(pieces) - 1)
+        out[::2] = pieces
+        out[1::2] = _numbers(len(pieces) - 1)
+        return "".join(out)
+
+    def _pieces(self, node: Fragment) -> tuple[list[str], list[Any]]:
+        """The text pieces around ``node``'s parameter slots, and the parameters."""
         if not isinstance(node, Fragment):
             raise ValidationError(
                 f"expected an af.sql(...) fragment, got {type(node).__name__}: wrap the SQL "
                 "in af.sql(...), with values as {name} parameters so they stay bound "
                 'parameters, e.g. af.sql("SELECT * FROM t WHERE id = {id}", id=id)'
             )
-        out: list[str] = []
+        pieces: list[str] = []
+        out: list[str] = []  # the text of the piece being written
         params: list[Any] = []
-        self._emit(node, out, params)
-        return CompiledQuery("".join(out), tuple(params))
+        self._emit(node, pieces, out, params)
+        pieces.append("".join(out))
+        return pieces, params
 
     def encode(self, value: Any) -> Any:
         """``value`` as the driver should bind it; a :class:`ValidationError`
@@ -324,60 +363,56 @@ class SqlCompiler:
         placeholder: with ``%s`` placeholders (MySQL, whose driver formats the
         whole text with ``%``, with or without parameters) every ``%`` doubled.
         Every piece of text a :class:`~aiofragno.driver.CompiledQuery` carries
-        goes through here; placeholders are added beside it, never inside."""
+        goes through here (:meth:`render`); placeholders are added beside
+        it, never inside."""
         if self._escape_percent and "%" in text:
             return text.replace("%", "%%")
         return text
 
-    def placeholder(self, index: int) -> str:
-        """The placeholder of the ``index``-th parameter (1-based)."""
-        return f"${index}" if self._numbered else self._placeholder
-
-    def shift_placeholders(self, sql: str, offset: int) -> str:
-        """``sql`` (as this compiler produced it) with its placeholders
-        renumbered to follow ``offset`` earlier parameters, for joining
-        statements into one. A ``$n`` inside a quoted name or a string literal
-        is text, and stays as it is. Positional placeholders need no change."""
-        if not self._numbered or not offset:
-            return sql
-
-        def shifted(match: re.Match[str]) -> str:
-            number = match.group(1)
-            return match.group() if number is None else f"${int(number) + offset}"
-
-        return _NUMBERED.sub(shifted, sql)
-
-    def _placeholder_for(self, params: list[Any]) -> str:
-        return self.placeholder(len(params))
-
-    def _emit(self, fragment: Fragment, out: list[str], params: list[Any]) -> None:
+    def _emit(
+        self, fragment: Fragment, pieces: list[str], out: list[str], params: list[Any]
+    ) -> None:
+        """Write ``fragment``: its text to ``out``, the piece being written;
+        at each parameter, the piece ends (is joined onto ``pieces``)."""
         for part in fragment.parts:
             if isinstance(part, str):
-                out.append(self.escape_text(part))
+                out.append(part)
             elif isinstance(part, _Param):
-                params.append(self.encode(part.value))
-                out.append(self._placeholder_for(params))
+                value = part.value
+                params.append(value if isinstance(value, Unbound) else self.encode(value))
+                pieces.append("".join(out))
+                out.clear()
             elif isinstance(part, Identifier):
-                out.append(self.escape_text(".".join(map(self.quote_identifier, part.parts))))
+                out.append(".".join(map(self.quote_identifier, part.parts)))
             elif isinstance(part, _InList):
-                self._emit_in(part, out, params)
+                self._emit_in(part, pieces, out, params)
             else:
-                self._emit(part, out, params)
+                self._emit(part, pieces, out, params)
 
-    def _emit_in(self, part: _InList, out: list[str], params: list[Any]) -> None:
+    def _emit_in(self, part: _InList, pieces: list[str], out: list[str], params: list[Any]) -> None:
         values = [self.encode(v) for v in part.values]
-        if self._array_in:
+        if self._array_in:  # one array parameter
             params.append(values)
-            operator = "<> ALL(" if part.negated else "= ANY("
-            out.append(f"{operator}{self._placeholder_for(params)})")
-            return
-        out.append("NOT IN (" if part.negated else "IN (")
-        if not values:
-            out.append(self._empty_set)
-        for i, value in enumerate(values):
-            params.append(value)
-            out.append(("" if i == 0 else ", ") + self._placeholder_for(params))
+            out.append("<> ALL(" if part.negated else "= ANY(")
+            slots = 1
+        else:
+            params += values
+            out.append("NOT IN (" if part.negated else "IN (")
+            if not values:
+                out.append(self._empty_set)
+            slots = len(values)
+        for i in range(slots):
+            if i:
+                out.append(", ")
+            pieces.append("".join(out))
+            out.clear()
         out.append(")")
+
+
+@lru_cache(maxsize=256)
+def _numbers(count: int) -> tuple[str, ...]:
+    """The placeholders ``$1`` to ``$<count>``."""
+    return tuple(f"${number}" for number in range(1, count + 1))
 
 
 def _not_one_value(value: Any, scalars: tuple[type, ...]) -> ValidationError:

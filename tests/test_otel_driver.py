@@ -10,6 +10,7 @@ for the whole process: the test instruments and uninstruments around itself.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -90,6 +91,12 @@ async def transfer(uow: af.UnitOfWork) -> None:
     uow.create("transfers", {"src": alice["id"], "amount": 10})
 
 
+def renumbered(text: str, offset: int) -> str:
+    """``text``'s ``$n`` placeholders as they read in a statement combined
+    after ``offset`` parameters (these texts quote no ``$``)."""
+    return re.sub(r"\$(\d+)", lambda m: f"${int(m[1]) + offset}", text)
+
+
 def statement(span: ReadableSpan) -> str:
     attributes = span.attributes or {}
     return str(attributes.get("db.query.text", attributes.get("db.statement", "")))
@@ -117,7 +124,7 @@ async def test_the_instrumentation_records_the_units_statements(
         assert (recorded[1], recorded[3]) == ("BEGIN", "COMMIT")
         offset = 0
         for write in writes:
-            assert db._engine.compiler.shift_placeholders(write.sql, offset) in recorded[2], recorded
+            assert renumbered(write.sql, offset) in recorded[2], recorded
             offset += len(write.parameters)
 
     # Under aiofragno.otel's unit span, the driver's spans are its children.

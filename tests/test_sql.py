@@ -9,6 +9,8 @@ import pytest
 
 import aiofragno as af
 from aiofragno.dialects import mysql, postgresql, sqlite
+from aiofragno.sql import Unbound
+from aiofragno.sqltext import SqlText
 
 PG = postgresql.create_compiler()
 LITE = sqlite.create_compiler()
@@ -22,21 +24,97 @@ def test_values_become_placeholders_per_dialect() -> None:
     assert MY.compile(q) == ("SELECT * FROM t WHERE a = %s AND b = %s OR a = %s", (1, "x", 1))
 
 
-def test_shifting_placeholders_for_a_combined_statement() -> None:
-    q = af.sql("UPDATE t SET a = {a}, b = {b} WHERE c = {c}", a=1, b=2, c=3)
-    sql = PG.compile(q).sql
-    assert PG.shift_placeholders(sql, 0) == sql
-    # $1 -> $10 and $10-style numbers are shifted whole, not digit by digit.
-    assert PG.shift_placeholders(sql, 9) == "UPDATE t SET a = $10, b = $11 WHERE c = $12"
-    assert PG.shift_placeholders("x = $10 AND y = $1", 5) == "x = $15 AND y = $6"
-    for positional in (LITE, MY):
-        sql = positional.compile(q).sql
-        assert positional.shift_placeholders(sql, 9) == sql
+def test_compiling_to_parts_leaves_placeholders_to_the_render() -> None:
+    q = af.sql(
+        "UPDATE {t} SET a = {a}, b = {b} WHERE c IN {c}", t=af.Identifier("t"), a=1, b=2, c=[3]
+    )
+    assert PG.compile_parts(q) == (
+        SqlText(('UPDATE "t" SET a = ', ", b = ", " WHERE c = ANY(", ")")),
+        (1, 2, [3]),
+    )
+    assert LITE.compile_parts(q) == (
+        SqlText(('UPDATE "t" SET a = ', ", b = ", " WHERE c IN (", ")")),
+        (1, 2, 3),
+    )
+    text, _ = MY.compile_parts(q)
+    assert text.slots == 3 and MY.render(text) == "UPDATE `t` SET a = %s, b = %s WHERE c IN (%s)"
+
+
+def test_joined_statements_are_numbered_once_when_rendered() -> None:
+    """Combining is joining: each statement's slots keep their order, and the
+    placeholders are written for the whole, $10 and beyond included."""
+    first, one = PG.compile_parts(
+        af.sql("UPDATE t SET a = {a}, b = {b} WHERE c = {c}", a=1, b=2, c=3)
+    )
+    second, two = PG.compile_parts(af.sql("SELECT {x}", x=4))
+    parts = [f"q{i} AS (" + text + ")" for i, text in enumerate([first, second, first, second])]
+    statement = "WITH " + SqlText.join(parts) + " SELECT 1"
+    assert statement.slots == 8
+    assert PG.render(statement) == (
+        "WITH q0 AS (UPDATE t SET a = $1, b = $2 WHERE c = $3), q1 AS (SELECT $4), "
+        "q2 AS (UPDATE t SET a = $5, b = $6 WHERE c = $7), q3 AS (SELECT $8) SELECT 1"
+    )
+    many = SqlText.join([first] * 4, " UNION ALL ")
+    assert PG.render(many).endswith("a = $10, b = $11 WHERE c = $12")
+    assert LITE.render(statement).count("?") == MY.render(statement).count("%s") == 8
+    assert (*one, *two) == (1, 2, 3, 4)
+
+
+def test_sql_text_joins_and_fills() -> None:
+    slot = SqlText(("", ""))
+    assert "a = " + slot + " AND b = " + slot == SqlText(("a = ", " AND b = ", ""))
+    assert (slot + slot).slots == 2 and SqlText().slots == 0
+    assert SqlText.join([]) == SqlText()
+    assert SqlText.join(["x", slot, "y"], ";") == SqlText(("x;", ";y"))
+    filled = SqlText.fill(
+        "ARRAY(SELECT ROW({columns}) FROM {rest}) {{x}}",
+        columns="a, b",
+        rest="t WHERE id = " + slot,
+    )
+    assert filled == SqlText(("ARRAY(SELECT ROW(a, b) FROM t WHERE id = ", ") {x}"))
+    assert len({SqlText(("a", "")), SqlText(("a", ""))}) == 1
+    assert repr(slot) == "SqlText(('', ''))"
+    with pytest.raises(ValueError, match="one piece"):
+        SqlText(())
+
+
+def test_unbound_parameters_are_left_for_each_use() -> None:
+    """A statement compiled once keeps its per-use parameters unencoded (and
+    unchecked) in slot order; fixed values are encoded when compiled."""
+    stamp = Unbound("stamp")
+    q = af.sql(
+        "INSERT INTO t VALUES ({a}, {d}, {s}, {a})", a=stamp, d=Decimal("1.5"), s=Unbound("s")
+    )
+    assert LITE.compile_parts(q) == (
+        SqlText(("INSERT INTO t VALUES (", ", ", ", ", ", ", ")")),
+        (stamp, "1.5", Unbound("s"), stamp),
+    )
+
+
+@pytest.mark.parametrize("quoted", ["'$1'", "'?'", "'%s'", "'it''s $2 %s ?'", '"$1"', "`%s`"])
+def test_joining_leaves_placeholder_text_in_quotes_alone(quoted: str) -> None:
+    """A name (from a custom naming strategy, say) or a literal holding $1,
+    ? or %s is text: joining statements looks at no text, and rendering
+    writes placeholders only in the slots (on MySQL every % of the text is
+    doubled, so that the driver's formatting gives it back as written)."""
+    q = af.sql(f"SELECT {quoted}, {{v}} FROM {{t}}", v=1, t=af.Identifier(quoted))
+    for compiler, quote, placeholders in (
+        (PG, '"', ("$1", "$2")),
+        (LITE, '"', ("?", "?")),
+        (MY, "`", ("1", "2")),  # (after the driver's formatting, below)
+    ):
+        text, _ = compiler.compile_parts(q)
+        rendered = compiler.render(text + " UNION ALL " + text)
+        if compiler is MY:
+            rendered %= placeholders
+        name = quote + quoted.replace(quote, quote * 2) + quote
+        row = f"SELECT {quoted}, {{}} FROM {name}"
+        assert rendered == row.format(placeholders[0]) + " UNION ALL " + row.format(placeholders[1])
 
 
 def test_renumbering_leaves_dollars_in_names_and_literals_alone() -> None:
     """A name (from a custom naming strategy, say) or a literal holding $n is
-    text: joining statements renumbers only the placeholders."""
+    text: joining statements numbers only the placeholders."""
     q = af.sql(
         "INSERT INTO {t} ({c}) VALUES ({v}, '$1', 'it''s $2')",
         t=af.Identifier("s$1", 't$1"$2'),
@@ -45,7 +123,10 @@ def test_renumbering_leaves_dollars_in_names_and_literals_alone() -> None:
     )
     sql = PG.compile(q).sql
     assert sql == 'INSERT INTO "s$1"."t$1""$2" ("$3") VALUES ($1, \'$1\', \'it\'\'s $2\')'
-    assert PG.shift_placeholders(sql, 4) == sql.replace("VALUES ($1,", "VALUES ($5,")
+    before, _ = PG.compile_parts(af.sql("SELECT {a}, {b}, {c}, {d}", a=1, b=2, c=3, d=4))
+    text, _ = PG.compile_parts(q)
+    joined = PG.render(before + "; " + text)
+    assert joined == "SELECT $1, $2, $3, $4; " + sql.replace("VALUES ($1,", "VALUES ($5,")
 
 
 # Text MySQL's driver would take for formatting directives, or other

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from ..codec import ValueCodec, utc_now
 from ..driver import CompiledQuery, DialectAdapter, QueryCompiler, QueryResult
 from ..settings_table import SETTINGS_TABLE
-from ..sql import Identifier, sql
+from ..sql import Fragment, Identifier, Unbound, sql, sql_using
+from ..sqltext import SqlText
 from ..tagged_json import dump_tagged, tag
 from .tables import OUTBOX_ID, VERSION_KEY
 
@@ -57,30 +58,33 @@ _INSERT = (
     "INSERT INTO {o} ({vs}, {u}, {p}, {r}, {c}, {n}) VALUES (REPLACE({stamp}, {stand_in}, {version}), "
     "{uow_id}, {payload_json}, {refs}, {created}, {nonce})"
 )
-_PARAMETERS = ("stamp", "stand_in", "uow_id", "payload", "refs", "created", "nonce")
+# What the entry binds per use (the keys of entry_values()).
+_UNBOUND = {
+    name: Unbound(name)
+    for name in ("stamp", "stand_in", "uow_id", "payload", "refs", "created", "nonce")
+}
 # The WITH part holding the entry, in a statement that also carries the writes.
 _ENTRY = "af_outbox_entry"
 
 
 class _Prepared:
-    """A statement compiled once, with named parameters filled in per use."""
+    """A statement compiled once, its :class:`Unbound` parameters filled in per use."""
 
-    def __init__(self, compiler: QueryCompiler, template: str, **fields: Any) -> None:
-        markers = {name: f"af-outbox-{name}" for name in _PARAMETERS}
-        given = {**fields, **markers}
-        # (sql() refuses parameters its template does not use.)
-        used = {name: value for name, value in given.items() if f"{{{name}}}" in template}
-        compiled = compiler.compile(sql(template, **used))
-        names = {marker: name for name, marker in markers.items()}
-        self.sql = compiled.sql
-        # Per parameter position: the name filled in per use, or None and the
-        # value fixed at compile time.
-        self._slots = [(names.get(value), value) for value in compiled.parameters]
+    def __init__(self, compiler: QueryCompiler, statement: Fragment) -> None:
+        self.text, parameters = compiler.compile_parts(statement)
+        self.sql = compiler.render(self.text)
+        # Per parameter: the name of the value filled in per use, or None and
+        # the value fixed at compile time.
+        self._slots = [
+            (value.name, None) if isinstance(value, Unbound) else (None, value)
+            for value in parameters
+        ]
+
+    def parameters(self, values: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(value if name is None else values[name] for name, value in self._slots)
 
     def bind(self, values: dict[str, Any]) -> CompiledQuery:
-        return CompiledQuery(
-            self.sql, tuple(value if name is None else values[name] for name, value in self._slots)
-        )
+        return CompiledQuery(self.sql, self.parameters(values))
 
 
 class OutboxStatements:
@@ -106,30 +110,35 @@ class OutboxStatements:
             "n": Identifier("nonce"),
             "key": VERSION_KEY,
         }
-        self.entry = [_Prepared(compiler, template, **names) for template in _templates(adapter)]
+        self.entry = [_Prepared(compiler, q) for q in _statements(adapter, names)]
         self._stamp_returned = adapter.supports_returning
         # The same as parts of a WITH, for a statement that also carries the
         # unit's writes; the expression selecting the entry's versionstamp.
         self.parts: _Prepared | None = None
-        self.stamp = ""
+        self.stamp = SqlText()
         if adapter.supports_writable_cte:
-            reserve, insert = _parts(adapter)
-            cte = f"reserved AS ({reserve}), {_ENTRY} AS ({insert} RETURNING {{vs}})"
-            self.parts = _Prepared(compiler, cte, **names)
+            reserve, insert = _parts(adapter, names)
+            cte = sql(
+                f"reserved AS ({{reserve}}), {_ENTRY} AS ({{insert}} RETURNING {{vs}})",
+                reserve=reserve,
+                insert=insert,
+                vs=names["vs"],
+            )
+            self.parts = _Prepared(compiler, cte)
             stamp = sql(f"(SELECT {{vs}} FROM {_ENTRY})", vs=names["vs"])
-            self.stamp = compiler.compile(stamp).sql
+            self.stamp, _ = compiler.compile_parts(stamp)
 
     def queries(self, values: dict[str, Any]) -> list[CompiledQuery]:
         """The entry's statements, for the values of :func:`entry_values`."""
         return [statement.bind(values) for statement in self.entry]
 
-    def with_parts(self, values: dict[str, Any]) -> CompiledQuery:
-        """The entry as parts of a WITH (where :attr:`parts` is not None):
-        ``reserved`` and the entry's insert, which :attr:`stamp` selects the
-        versionstamp from."""
+    def with_parts(self, values: dict[str, Any]) -> tuple[SqlText, tuple[Any, ...]]:
+        """The entry as parts of a WITH (where :attr:`parts` is not None),
+        and their parameters: ``reserved`` and the entry's insert, which
+        :attr:`stamp` selects the versionstamp from."""
         if self.parts is None:
             raise RuntimeError("this database cannot write the outbox entry inside a WITH")
-        return self.parts.bind(values)
+        return self.parts.text, self.parts.parameters(values)
 
     def versionstamp(self, results: Sequence[QueryResult]) -> str | None:
         """The entry's versionstamp, from the results of :meth:`queries`
@@ -144,26 +153,34 @@ class OutboxStatements:
         return None if version is None else f"{version:020x}0000"
 
 
-def _parts(adapter: DialectAdapter) -> tuple[str, str]:
+def _parts(adapter: DialectAdapter, names: dict[str, Any]) -> tuple[Fragment, Fragment]:
     """The reservation and the entry's insert, which reads the reserved
     version from a WITH part named ``reserved`` where the database has them."""
     strategy = adapter.outbox_version_strategy
     reserved = (
         "(SELECT {v} FROM reserved)" if adapter.supports_writable_cte else _RESERVED[strategy]
     )
-    version = adapter.version_hex_sql.format(value=reserved)
-    payload = adapter.json_from_text_sql.format(x="REPLACE({payload}, {stand_in}, {version})")
-    return _RESERVE[strategy], _INSERT.replace("{payload_json}", payload).replace(
-        "{version}", version
+    version = sql(adapter.version_hex_sql, value=sql_using(reserved, **names))
+    payload = sql(
+        adapter.json_from_text_sql,
+        x=sql(
+            "REPLACE({payload}, {stand_in}, {version})",
+            payload=_UNBOUND["payload"],
+            stand_in=_UNBOUND["stand_in"],
+            version=version,
+        ),
     )
+    insert = sql_using(_INSERT, **names, **_UNBOUND, payload_json=payload, version=version)
+    return sql_using(_RESERVE[strategy], **names), insert
 
 
-def _templates(adapter: DialectAdapter) -> list[str]:
-    reserve, insert = _parts(adapter)
-    returning = " RETURNING {vs}" if adapter.supports_returning else ""
+def _statements(adapter: DialectAdapter, names: dict[str, Any]) -> list[Fragment]:
+    reserve, insert = _parts(adapter, names)
+    if adapter.supports_returning:
+        insert += sql(" RETURNING {vs}", vs=names["vs"])
     if adapter.supports_writable_cte:
-        return [f"WITH reserved AS ({reserve}) " + insert + returning]
-    return [reserve, insert + returning]
+        return [sql("WITH reserved AS ({reserve}) ", reserve=reserve) + insert]
+    return [reserve, insert]
 
 
 def _payload_value(kind: str, value: Any) -> Any:

@@ -70,7 +70,7 @@ class TableInfo:
         for column in self.table.columns.values():
             self.columns[column.name] = _column_info(catalog, column)
         self.decimal_as_text = catalog.codec.storage.decimal == "text"
-        self.select_columns, self.select_sql, self.decode = self._build_select(catalog)
+        self.select_columns, self.select_from, self.decode = self._build_select(catalog)
 
     def column(self, name: str) -> ColumnInfo:
         info = self.columns.get(name)
@@ -98,7 +98,8 @@ class TableInfo:
     def _build_select(
         self, catalog: Catalog
     ) -> tuple[str, str, Callable[[Sequence[Any]], dict[str, Any]]]:
-        """The select list, the SELECT of a whole row, and its decoder."""
+        """The select list of a whole row, the table and joins it selects
+        from, and the row's decoder."""
         quote = catalog.compiler.quote_identifier
         selected = [self.internal_id, f"{ALIAS}.{quote(EXTERNAL_ID)}", f"{ALIAS}.{quote(VERSION)}"]
         joins: list[str] = []
@@ -119,9 +120,8 @@ class TableInfo:
                 selected.append(f"{alias}.{quote(EXTERNAL_ID)}")
             convert = catalog.codec.decoder(info.kind)
             plan.append((info.name, plan_position, convert, ref_position, info.target_identity))
-        columns = ", ".join(selected)
-        sql = f"SELECT {columns} FROM {self.sql_name} {ALIAS}{''.join(joins)}"
-        return columns, sql, _decoder(plan, self.identity)
+        source = f"{self.sql_name} {ALIAS}{''.join(joins)}"
+        return ", ".join(selected), source, _decoder(plan, self.identity)
 
 
 def _decoder(

@@ -21,10 +21,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import chain
 from operator import attrgetter
+from typing import Any
 
-from ..driver import CompiledQuery, QueryCompiler, QueryResult
+from ..driver import CompiledQuery, QueryResult
+from ..sqltext import SqlText
 from .catalog import Catalog
-from .ops import Check, Create, Delete, MutationOp
+from .ops import Check, Create, Delete, MutationOp, statement_text
 from .stale import STALE
 
 # (map() with it, and zip(), build a statement's key and parameters without
@@ -87,62 +89,66 @@ def combine(catalog: Catalog, ops: Sequence[MutationOp]) -> CompiledQuery:
     key = ("combined", *texts)
     text = catalog.sql_cache.get(key)
     if text is None:
-        parts, _ = _parts(catalog.compiler, ops)
-        counts = (f"(SELECT count(*) FROM q{index}) AS n{index}" for index in range(len(ops)))
-        text = catalog.sql_cache[key] = f"WITH {', '.join(parts)} SELECT {', '.join(counts)}"
+        counts = [f"(SELECT count(*) FROM q{index}) AS n{index}" for index in range(len(ops))]
+        statement = "WITH " + SqlText.join(_parts(catalog, ops)) + " SELECT " + ", ".join(counts)
+        text = catalog.sql_cache[key] = catalog.compiler.render(statement)
     return CompiledQuery(text, tuple(chain.from_iterable(parameters)))
 
 
 def combine_committing(
-    catalog: Catalog, ops: Sequence[MutationOp], entry: CompiledQuery, stamp: str, abort: str
+    catalog: Catalog,
+    ops: Sequence[MutationOp],
+    entry: tuple[SqlText, tuple[Any, ...]],
+    stamp: SqlText,
+    abort: str,
 ) -> CompiledQuery:
     """The one statement running ``ops`` and writing the outbox ``entry``
-    (parts of a WITH; ``stamp`` selects the entry's versionstamp from them),
-    to be run outside a transaction. A checked operation that matches no row
-    aborts it through ``abort`` (``{message}``: an SQL text expression, which
-    will name :data:`~aiofragno.uow.stale.STALE` and the operation's index).
-    So does any other operation that must match a row (an update or delete)
-    and matches none."""
+    (parts of a WITH, and their parameters; ``stamp`` selects the entry's
+    versionstamp from them), to be run outside a transaction. A checked
+    operation that matches no row aborts it through ``abort`` (``{message}``:
+    an SQL text expression, which will name
+    :data:`~aiofragno.uow.stale.STALE` and the operation's index). So does
+    any other operation that must match a row (an update or delete) and
+    matches none."""
     texts, parameters = zip(*map(_QUERY, ops), strict=True)
+    entry_text, entry_parameters = entry
     key = ("committing", *texts)
     text = catalog.sql_cache.get(key)
     if text is None:
-        compiler = catalog.compiler
-        parts, offset = _parts(compiler, ops)
-        parts.append(compiler.shift_placeholders(entry.sql, offset))
-        counts = [_guarded_count(op, index, abort) for index, op in enumerate(ops)]
-        text = f"WITH {', '.join(parts)} SELECT {', '.join(counts)}, {stamp} AS stamp"
-        catalog.sql_cache[key] = text
-    bound = (*chain.from_iterable(parameters), *entry.parameters)
+        parts = SqlText.join([*_parts(catalog, ops), entry_text])
+        counts = SqlText.join([*(_guarded_count(op, i, abort) for i, op in enumerate(ops)), stamp])
+        statement = "WITH " + parts + " SELECT " + counts + " AS stamp"
+        text = catalog.sql_cache[key] = catalog.compiler.render(statement)
+    bound = (*chain.from_iterable(parameters), *entry_parameters)
     return CompiledQuery(text, bound)
 
 
-def _guarded_count(op: MutationOp, index: int, abort: str) -> str:
+def _guarded_count(op: MutationOp, index: int, abort: str) -> SqlText | str:
     count = f"(SELECT count(*) FROM q{index}) AS n{index}"
     if not op.must_match:
         return count
     # The message has the count in it, so it is not a constant that the
     # planner would evaluate (and fail on) whatever the count turns out to be.
-    message = f"'{STALE}{index}:' || count(*)"
-    failed = abort.format(message=message)
+    failed = SqlText.fill(abort, message=f"'{STALE}{index}:' || count(*)")
     return (
-        f"(SELECT CASE count(*) WHEN 0 THEN {failed} ELSE count(*) END FROM q{index}) AS n{index}"
+        "(SELECT CASE count(*) WHEN 0 THEN "
+        + failed
+        + f" ELSE count(*) END FROM q{index}) AS n{index}"
     )
 
 
-def _parts(compiler: QueryCompiler, ops: Sequence[MutationOp]) -> tuple[list[str], int]:
-    """The WITH parts q0, q1, ... running ``ops``, and how many parameters
-    they take."""
-    parts: list[str] = []
-    offset = 0
+def _parts(catalog: Catalog, ops: Sequence[MutationOp]) -> list[SqlText]:
+    """The WITH parts q0, q1, ... running ``ops``, their slots in the order
+    of the operations' parameters (texts rendered again for them, on a
+    cache miss only)."""
+    parts: list[SqlText] = []
     for index, op in enumerate(ops):
-        statement = compiler.shift_placeholders(op.query.sql, offset)
-        offset += len(op.query.parameters)
+        statement = statement_text(catalog, op.table, op.render)
         # A check is a SELECT of the row already; a write returns one row per
         # row it changed.
         returning = "" if isinstance(op, Check) else " RETURNING 1"
-        parts.append(f"q{index} AS ({statement}{returning})")
-    return parts, offset
+        parts.append(f"q{index} AS (" + statement + f"{returning})")
+    return parts
 
 
 def split(ops: Sequence[MutationOp], result: QueryResult) -> list[QueryResult]:

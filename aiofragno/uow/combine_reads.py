@@ -15,8 +15,9 @@ from itertools import chain
 from typing import Any
 
 from ..driver import CompiledQuery, QueryResult
+from ..sqltext import SqlText
 from .catalog import Catalog
-from .ops import Count, RetrievalOp
+from .ops import Count, ReadRows, RetrievalOp, statement_text
 
 
 def combine_reads(
@@ -32,30 +33,23 @@ def combine_reads(
     key = ("reads", *texts)
     text = catalog.sql_cache.get(key)
     if text is None:
-        text = catalog.sql_cache[key] = _combined_sql(catalog, template, ops, queries)
+        text = catalog.compiler.render(_combined(catalog, template, ops))
+        catalog.sql_cache[key] = text
     return CompiledQuery(text, tuple(chain.from_iterable(parameters)))
 
 
-def _combined_sql(
-    catalog: Catalog,
-    template: str,
-    ops: Sequence[RetrievalOp[object]],
-    queries: Sequence[CompiledQuery],
-) -> str:
-    parts: list[str] = []
-    offset = 0
-    for index, (op, query) in enumerate(zip(ops, queries, strict=True)):
-        text = catalog.compiler.shift_placeholders(query.sql, offset)
-        offset += len(query.parameters)
-        if isinstance(op, Count):
-            part = f"({text})"
-        else:  # a find: the table's SELECT of whole rows, then its conditions
-            columns = op.table.select_columns
-            head = f"SELECT {columns} FROM "
-            assert text.startswith(head), text
-            part = template.format(columns=columns, rest=text[len(head) :])
-        parts.append(f"{part} AS r{index}")
-    return f"SELECT {', '.join(parts)}"
+def _combined(catalog: Catalog, template: str, ops: Sequence[RetrievalOp[object]]) -> SqlText:
+    """The statement with one column per read, joined from the reads' texts
+    (rendered again for it, on this cache miss only)."""
+    columns: list[SqlText] = []
+    for index, op in enumerate(ops):
+        if isinstance(op, ReadRows):  # its rows as one value
+            rest = statement_text(catalog, op.table, op.render_from)
+            read = SqlText.fill(template, columns=op.table.select_columns, rest=rest)
+        else:  # a count
+            read = "(" + statement_text(catalog, op.table, op.render) + ")"
+        columns.append(read + f" AS r{index}")
+    return "SELECT " + SqlText.join(columns)
 
 
 def split_reads(

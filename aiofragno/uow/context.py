@@ -1,4 +1,5 @@
-"""The state of compiling one statement: parameters always, SQL text only when
+"""The state of compiling one statement: parameters always, SQL text (an
+:class:`~aiofragno.sqltext.SqlText`, placeholders not yet written) only when
 the text for this shape is not cached yet."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..brief import brief
 from ..errors import ValidationError
 from ..schema import INTERNAL_ID, RowId, TableIdentity
+from ..sqltext import SqlText, SqlTextWriter
 
 if TYPE_CHECKING:
     from .catalog import Catalog, ColumnInfo, TableInfo
@@ -20,23 +22,26 @@ class Compiling:
     ``build_text``). ``signature`` records choices the text depends on beyond
     the operation's shape (how each reference value is resolved)."""
 
-    __slots__ = ("build_text", "catalog", "params", "parts", "signature", "table")
+    __slots__ = ("build_text", "catalog", "params", "signature", "table", "writer")
 
     def __init__(self, catalog: Catalog, table: TableInfo, build_text: bool) -> None:
         self.catalog = catalog
         self.table = table
         self.build_text = build_text
-        self.parts: list[str] = []
+        self.writer = SqlTextWriter() if build_text else None
         self.params: list[Any] = []
         self.signature: list[bool] = []
 
     def text(self, sql: str) -> None:
         """SQL text (names, keywords): never a placeholder, whatever a name holds."""
-        if self.build_text:
-            self.parts.append(self.catalog.compiler.escape_text(sql))
+        writer = self.writer
+        if writer is not None:
+            writer.text(sql)
 
-    def sql(self) -> str:
-        return "".join(self.parts)
+    def sql_text(self) -> SqlText:
+        """The statement's text (with ``build_text``)."""
+        assert self.writer is not None, "Compiling(build_text=False) writes no text"
+        return self.writer.done()
 
     def column(self, name: str) -> str:
         return self.table.column(name).qualified
@@ -44,8 +49,9 @@ class Compiling:
     def raw_value(self, value: Any) -> None:
         """A parameter bound as is (already encoded)."""
         self.params.append(value)
-        if self.build_text:
-            self.parts.append(self.catalog.compiler.placeholder(len(self.params)))
+        writer = self.writer
+        if writer is not None:
+            writer.slot()
 
     def value(self, column: str, value: Any) -> None:
         """A parameter for ``column`` (see :func:`bind`); a reference looked up

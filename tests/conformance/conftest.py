@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 import aiofragno as af
+from tests.conformance.namespaces import new_namespace
+from tests.conformance.uow_env import ITEMS, SHOP, Env, MakeEnv, drop_namespace
 from tests.conftest import Target, require_target
 
 
@@ -49,3 +51,32 @@ async def tables(db: af.Database) -> AsyncIterator[Tables]:
         return
     for name in reversed(made.names):
         await db.execute(af.sql("DROP TABLE IF EXISTS {t}", t=af.Identifier(name)))
+
+
+# -- the unit-of-work modules' environments (test_uow_*.py, uow_env.py); modules
+# with environments of their own (test_outbox.py, ...) override these ----------
+
+
+@pytest.fixture
+async def make_env(db: af.Database) -> AsyncIterator[MakeEnv]:
+    made: list[Env] = []
+
+    async def make(schema: af.Schema) -> Env:
+        env = Env(db, schema, new_namespace())
+        made.append(env)
+        await db.migrate(schema, namespace=env.namespace)
+        return env
+
+    yield make
+    for env in reversed(made):
+        await drop_namespace(db, env.schema, env.namespace)
+
+
+@pytest.fixture
+async def shop(make_env: MakeEnv) -> Env:
+    return await make_env(SHOP)
+
+
+@pytest.fixture
+async def items(make_env: MakeEnv) -> Env:
+    return await make_env(ITEMS)

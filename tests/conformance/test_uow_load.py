@@ -17,7 +17,8 @@ import anyio
 import pytest
 
 import aiofragno as af
-from tests.conformance.test_unit_of_work import drop_namespace, new_namespace
+from tests.conformance.namespaces import new_namespace
+from tests.conformance.uow_env import drop_namespace
 from tests.conftest import Target
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

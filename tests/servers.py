@@ -68,7 +68,7 @@ import pytest
 
 from tests.certificates import CLIENT_USER, make_certificates
 from tests.conftest import Target, required_dialects
-from tests.server_watchdog import signal_server
+from tests.server_watchdog import children, signal_server
 
 StopMode = Literal["clean", "crash"]
 
@@ -251,8 +251,11 @@ class PrivateServer(ABC):
     def pause(self) -> None:
         """Stall the server: SIGSTOP to all its processes. Connections stay
         open and nothing is answered (a hung server, not a dead one) until
-        :meth:`resume`."""
+        :meth:`resume`. Returns once every thread has stopped: kill() only
+        queues the signal, and a thread busy with a reply would still send it."""
         self._signal(signal.SIGSTOP)
+        if self._process is not None:
+            wait_stopped(self._process.pid)
 
     def resume(self) -> None:
         """Undo :meth:`pause` (harmless if not paused)."""
@@ -597,6 +600,25 @@ def service_account(user: str) -> None:
             f"running as root, the server must run as the OS user {user!r}, which does not exist "
             "(the Debian package creates it)"
         ) from None
+
+
+def wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Wait until every thread of ``pid`` and its children is stopped (state
+    ``T`` in /proc), or ``timeout`` has passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(_thread_states_stopped(p) for p in (pid, *children(pid))):
+            return
+        time.sleep(0.005)
+
+
+def _thread_states_stopped(pid: int) -> bool:
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        # /proc/<pid>/task/<tid>/stat: "tid (comm) S ...": the state follows the last ')'.
+        return all((t / "stat").read_text().rpartition(")")[2].split()[0] in "Tt" for t in tasks)
+    except (OSError, IndexError):
+        return True  # (gone: nothing left to answer)
 
 
 def free_port() -> int:

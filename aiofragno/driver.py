@@ -65,17 +65,18 @@ class Row(Mapping[str, Any]):
 
     Rows of one result share their name-to-position index, so a row costs one
     small object over the driver's own value sequence. Iteration yields column
-    names, like a dict; ``row.values()`` yields values in column order.
+    names, like a dict; ``row.values()`` yields values in column order, and
+    ``row.raw`` is the driver's sequence itself (read it, never change it).
     """
 
-    __slots__ = ("_index", "_values")
+    __slots__ = ("_index", "raw")
 
     def __init__(self, index: Mapping[str, int], values: Sequence[Any]) -> None:
         self._index = index
-        self._values = values
+        self.raw = values
 
     def __getitem__(self, key: str) -> Any:
-        return self._values[self._index[key]]
+        return self.raw[self._index[key]]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._index)

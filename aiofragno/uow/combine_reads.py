@@ -56,7 +56,7 @@ def split_reads(
     ops: Sequence[RetrievalOp[object]], result: QueryResult
 ) -> list[list[Sequence[Any]]]:
     """Each read's rows (value sequences) from the combined statement's one row."""
-    values = result.rows[0]._values
+    values = result.rows[0].raw
     return [
         [(values[index],)] if isinstance(op, Count) else list(values[index])
         for index, op in enumerate(ops)

@@ -86,7 +86,7 @@ class UnitOfWork:
             return
         combined = combine_reads(self._catalog, reads, queries)
         if combined is None:
-            rows = [[row._values for row in result.rows] for result in await self._reader(queries)]
+            rows = [[row.raw for row in result.rows] for result in await self._reader(queries)]
         else:
             rows = split_reads(reads, (await self._reader([combined]))[0])
         for op, values in zip(reads, rows, strict=True):

@@ -129,3 +129,15 @@ async def test_db_adapter_is_deprecated(tmp_path: Path) -> None:
             adapter = db.adapter
         assert adapter is db._engine.adapter
         assert adapter.supports_returning
+
+
+@pytest.mark.anyio
+async def test_a_consumer_made_from_the_database_still_works(tmp_path: Path) -> None:
+    """``af.Consumer`` is exported and took the Database before the engine
+    existed: given one, it warns and reads through the Database's engine."""
+    async with af.connect(f"sqlite:///{tmp_path}/consumer.db", outbox=True) as db:
+        await db.migrate(af.Schema("seams", af.Table("notes", af.Column("text", "string"))))
+        with pytest.deprecated_call(match=r"db\.outbox\.consumer"):
+            consumer = af.Consumer(db, "old-style")  # type: ignore[arg-type]
+        assert await consumer.position() is None
+        assert await consumer.position() == await db.outbox.consumer("old-style").position()

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -100,9 +101,17 @@ def _encodable(text: str) -> bool:
 
 class Consumer:
     """A named, durable reader of the outbox (see the module docstring).
-    ``lease``: seconds, in 0.01..86400."""
+    ``lease``: seconds, in 0.01..86400. Made by ``db.outbox.consumer(name)``."""
 
     def __init__(self, db: Engine, name: str, *, lease: float = 30.0) -> None:
+        facade = getattr(db, "_engine", None)
+        if facade is not None:  # Consumer(database, ...), as before the engine existed
+            warnings.warn(
+                "Consumer(db, name) is deprecated: use db.outbox.consumer(name)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            db = facade
         self._db = db
         self.name = _check_name(name)
         self.lease = _seconds("lease", lease, MIN_LEASE, MAX_LEASE)

@@ -153,7 +153,7 @@ def _parse(url: str) -> DatabaseURL:
             f"bad port in database URL {redact_url(url)!r}: expected a number in 1..65535 "
             f"after the host; {_ENCODE_HINT}"
         )
-    return DatabaseURL(
+    parsed = DatabaseURL(
         dialect,
         backend or None,
         username=unquote(parts.username) if parts.username else None,
@@ -163,6 +163,18 @@ def _parse(url: str) -> DatabaseURL:
         database=unquote(parts.path.lstrip("/")),
         query=query,
     )
+    _refuse_nul(url, parsed.username, parsed.password, parsed.host, parsed.database, *query)
+    return parsed
+
+
+def _refuse_nul(url: str, *texts: str | None) -> None:
+    # A NUL ends a string in the servers' protocols (and in C): the server
+    # would get another name than the one written, or refuse the packet.
+    if any("\x00" in text for text in texts if text):
+        raise ValidationError(
+            f"database URL {redact_url(url)!r} holds a NUL character (%00): no server "
+            "accepts one in a name, password or parameter"
+        )
 
 
 def _host(parts: SplitResult) -> str | None:
@@ -206,6 +218,7 @@ def _sqlite(url: str, parts: SplitResult, backend: str, query: dict[str, str]) -
     if parts.netloc:
         raise ValidationError(f"bad SQLite URL {redact_url(url)!r}: write {forms}")
     database = unquote(parts.path[1:])
+    _refuse_nul(url, database, *query)
     if not database:
         # An empty path would open a private in-memory database, which
         # vanishes with its connection: say so explicitly if that is meant.
@@ -365,11 +378,13 @@ class Options:
         if self.server_settings is not None and not (
             isinstance(self.server_settings, Mapping)
             and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in self.server_settings.items()
+                isinstance(k, str) and isinstance(v, str) and "\x00" not in k + v
+                for k, v in self.server_settings.items()
             )
         ):
             raise ValidationError(
-                f"server_settings must map setting names to str values, got {self.server_settings!r}"
+                "server_settings must map setting names to str values (without NUL), "
+                f"got {self.server_settings!r}"
             )
         if self.charset.lower() != "utf8mb4":
             raise ValidationError(
@@ -452,7 +467,10 @@ def _coerce(name: str, value: Any) -> Any:
 
 
 def _check_type(name: str, kind: str, value: object) -> None:
-    """Options typed plain str / bool hold one (or None where allowed)."""
+    """Options typed plain str / bool hold one (or None where allowed); no
+    text holds a NUL (see :func:`_refuse_nul`)."""
+    if isinstance(value, str) and "\x00" in value:
+        raise ValidationError(f"{name} holds a NUL character, which no server accepts")
     if value is None and kind.endswith("| None"):
         return
     expected = {"str": str, "str | None": str, "bool | None": bool}.get(kind)

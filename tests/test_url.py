@@ -1046,3 +1046,28 @@ async def test_connect_checks_tls_and_session_options_before_connecting(
     with pytest.raises(af.ValidationError) as info:
         await af.connect(url)
     assert says in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "options"),
+    [
+        ("postgresql://u%00x:pw@127.0.0.1/db", {}),
+        ("postgresql://u:p%00w@127.0.0.1/db", {}),
+        ("postgresql://u@127.0.0.1/d%00b", {}),
+        ("mysql://root@%2Frun%2Fmy%00sql.sock/test", {}),
+        ("postgresql://u@127.0.0.1/db?application_name=a%00b", {}),
+        ("postgresql://u@127.0.0.1/db?options=-c%20search_path%3Da%00", {}),
+        ("mysql://root@127.0.0.1/test", {"application_name": "a\x00b"}),
+        ("postgresql://u@127.0.0.1/db", {"server_settings": {"search_path": "a\x00"}}),
+        ("postgresql://u@127.0.0.1/db", {"sslpassword": "se\x00cret"}),
+        ("sqlite:///x%00.db", {}),
+    ],
+)
+def test_a_nul_character_is_refused_before_connecting(url: str, options: dict[str, Any]) -> None:
+    """A NUL ends a string in the servers' protocols: the server would see
+    another name than the one written, or refuse the startup packet with an
+    error that reads like an outage. Refused up front, nothing shown."""
+    with pytest.raises(af.ValidationError, match="NUL") as caught:
+        parsed = parse_url(url)
+        Options().merged(parsed.query, options)
+    assert "se\x00cret" not in str(caught.value) and "p%00w" not in str(caught.value)

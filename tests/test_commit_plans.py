@@ -9,6 +9,7 @@ test_commit_outcomes.py, test_outbox.py), each on its own database."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import pytest
 
 import aiofragno as af
 from aiofragno.driver import (
+    CommitPlanChoice,
     CompiledQuery,
     IsolationLevel,
     QueryResult,
@@ -304,6 +306,17 @@ def test_each_dialect_chooses_its_plan() -> None:
         "mysql": plans.GuardedBatch,
         "sqlite": plans.CheckedInProcess,
     }
+
+
+def test_a_dialect_without_a_plan_of_its_own_checks_statements_then_commits() -> None:
+    from aiofragno.dialects import mysql
+
+    plain = dataclasses.replace(mysql.ADAPTER, commit=CommitPlanChoice())
+    plan = plans.choose(plain)
+    assert isinstance(plan, plans.StatementsThenCommit)
+    assert not plan.combines
+    with pytest.raises(ValueError, match="stale_guard"):
+        plans.choose(dataclasses.replace(plain, commit=CommitPlanChoice("guarded-batch")))
 
 
 @pytest.mark.anyio

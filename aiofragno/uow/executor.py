@@ -102,7 +102,7 @@ class HeldConnection:
 
 
 def _check_not_waiting_for_itself(db: Engine) -> None:
-    if db.adapter.one_writer and current_transaction(db) is not None:
+    if db.adapter.capabilities.one_writer and current_transaction(db) is not None:
         raise WouldDeadlock(
             f"this unit of work has writes, and a db.transaction() is open in this task: "
             f"on {db.name} that transaction holds the database's one writer until it ends, "

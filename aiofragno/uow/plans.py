@@ -93,7 +93,8 @@ class _InTransaction:
         """Open the phase's transaction. With the outbox, at a snapshot
         isolation level, first wait for the outbox counter, before any
         statement takes the snapshot
-        (:attr:`DialectAdapter.outbox_snapshot_lock_sql`): the reservation
+        (:attr:`SqlSnippets.outbox_snapshot_lock
+        <aiofragno.driver.SqlSnippets.outbox_snapshot_lock>`): the reservation
         then reads the counter's newest version instead of failing on every
         outbox unit that committed meanwhile. Such units run one at a time
         with the other outbox writers for their whole phase."""
@@ -202,7 +203,8 @@ class OneCommittingStatement:
     for the phase, its entry and COMMIT, and the outbox counter's row lock
     held only inside the server, not across our round trips. A stale
     operation aborts the statement with ``abort`` (an expression failing
-    with its ``{message}``: :attr:`DialectAdapter.abort_sql`). A lost
+    with its ``{message}``: :attr:`CommitPlanChoice.abort_sql
+    <aiofragno.driver.CommitPlanChoice.abort_sql>`). A lost
     connection is :class:`~aiofragno.CommitOutcomeUnknown`, which the
     outbox entry resolves.
 
@@ -241,15 +243,19 @@ class OneCommittingStatement:
 
 
 def choose(adapter: DialectAdapter) -> CommitPlan:
-    """The plan for a database with ``adapter``."""
-    lock = adapter.outbox_snapshot_lock_sql
-    if adapter.abort_sql is not None and adapter.supports_writable_cte:
-        return OneCommittingStatement(lock, adapter.abort_sql)
-    if adapter.checks_batches_in_process:
+    """The plan the dialect names (:class:`~aiofragno.driver.CommitPlanChoice`)."""
+    choice, lock = adapter.commit, adapter.sql.outbox_snapshot_lock
+    if choice.plan == "one-committing-statement":
+        if choice.abort_sql is None or not adapter.capabilities.supports_writable_cte:
+            raise ValueError("one-committing-statement needs abort_sql and a writable WITH")
+        return OneCommittingStatement(lock, choice.abort_sql)
+    if choice.plan == "checked-in-process":
         return CheckedInProcess(lock)
-    if adapter.stale_guard is not None:
-        return GuardedBatch(lock, adapter.stale_guard)
-    return StatementsThenCommit(lock, combines=adapter.supports_writable_cte)
+    if choice.plan == "guarded-batch":
+        if choice.stale_guard is None:
+            raise ValueError("guarded-batch needs a stale_guard")
+        return GuardedBatch(lock, choice.stale_guard)
+    return StatementsThenCommit(lock, combines=adapter.capabilities.supports_writable_cte)
 
 
 async def _write_runs(

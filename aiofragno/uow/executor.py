@@ -224,13 +224,8 @@ async def execute_uow(
             try:
                 try:
                     value = await fn(uow)
-                    if dry_run:
-                        if on_query is not None:
-                            for op in uow.mutations:
-                                on_query(op.query)
-                        return value
-                    if not uow.mutations:
-                        db.stats.units += 1
+                    if dry_run or not uow.mutations:
+                        _without_writes(db, uow, dry_run, on_query)
                         return value
                     _check_not_waiting_for_itself(db)
                     await _call(hooks.before_mutation, uow)
@@ -257,15 +252,35 @@ async def execute_uow(
                     db.stats.lost_connection_retries += 1
                     continue
                 elif outcome is Outcome.DUPLICATE_KEY and idempotency_key is not None:
-                    taken = await key_taken(db, uow, nonce)
-                    if taken is not None:
-                        raise taken from exc
+                    await _check_key_taken(db, uow, nonce, exc)
                     raise
                 else:
                     raise
             await _after_commit(hooks, uow)
             db.stats.units += 1
             return value
+
+
+def _without_writes(
+    db: Engine, uow: UnitOfWork, dry_run: bool, on_query: Callable[[CompiledQuery], Any] | None
+) -> None:
+    """A unit that ends without a mutation phase: a dry run (its writes go
+    to ``on_query`` only) or one that wrote nothing (it counts as done)."""
+    if dry_run:
+        if on_query is not None:
+            for op in uow.mutations:
+                on_query(op.query)
+    else:
+        db.stats.units += 1
+
+
+async def _check_key_taken(db: Engine, uow: UnitOfWork, nonce: str, violation: Exception) -> None:
+    """After a duplicate key in a unit with an idempotency key: raise
+    :class:`~aiofragno.AlreadyApplied` if another call's record holds the
+    key; else return, and the violation is the answer."""
+    taken = await key_taken(db, uow, nonce)
+    if taken is not None:
+        raise taken from violation
 
 
 async def _back_off(

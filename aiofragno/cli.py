@@ -15,6 +15,7 @@ exit with status 1 (``--debug`` shows the traceback).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -185,22 +186,14 @@ async def doctor(db: Database) -> None:
         "url": db.url.describe(),
         "backend": db.backend,
         "healthy": await db.is_healthy(),
-        "server_version": await db.fetch_value(engine.raw(adapter.version_sql)),
+        "server_version": await db.fetch_value(engine.raw(adapter.sql.version)),
         "server_time": (await db.now()).isoformat(),
     }
     report["capabilities"] = {
-        name: getattr(adapter, name)
-        for name in (
-            "supports_returning",
-            "supports_json",
-            "reports_affected_rows",
-            "supports_transactional_ddl",
-            "supports_skip_locked",
-            "supports_advisory_locks",
-            "outbox_version_strategy",
-            "supports_writable_cte",
-            "default_naming",
-        )
+        **dataclasses.asdict(adapter.capabilities),
+        "outbox_version_strategy": adapter.outbox_version_strategy,
+        "commit_plan": adapter.commit.plan,
+        "default_naming": adapter.default_naming,
     }
     options = db.options
     report["pool"] = {

@@ -196,7 +196,7 @@ class Database(Queries):
         check_lock_timeout(lock_timeout)
         layout = self.layout(schema, namespace)
         engine = self._engine
-        transactional = engine.adapter.supports_transactional_ddl
+        transactional = engine.adapter.capabilities.supports_transactional_ddl
         session = await engine.checkout()
         try:
             if transactional:
@@ -230,7 +230,7 @@ class Database(Queries):
     async def now(self) -> datetime:
         """The database server's current time, timezone-aware in UTC."""
         engine = self._engine
-        value = await self.fetch_value(engine.raw(engine.adapter.now_sql))
+        value = await self.fetch_value(engine.raw(engine.adapter.sql.now))
         return as_utc(value)
 
     async def end_session(self, server_session: str | None, *, give_up_after: float = 30.0) -> None:

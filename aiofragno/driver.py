@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Protocol, TypeVar
@@ -183,49 +184,117 @@ class DdlSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class DialectAdapter:
-    """Capability flags of one SQL dialect. The core branches on these, never on
-    the dialect's name."""
+class Capabilities:
+    """What a database can do that changes how the core works with it."""
 
+    # INSERT/UPDATE/DELETE .. RETURNING (SQLite from 3.35).
     supports_returning: bool
-    supports_json: bool
-    reports_affected_rows: bool
+    # Schema changes are transactional: a migration is all or nothing.
     supports_transactional_ddl: bool
+    # SELECT .. FOR UPDATE SKIP LOCKED (the outbox consumer's claims).
     supports_skip_locked: bool
-    supports_advisory_locks: bool
-    outbox_version_strategy: Literal[
-        "insert-on-conflict-returning", "insert-on-duplicate-last-insert-id"
-    ]
-    default_naming: Literal["schema", "suffix"]
-    max_identifier_length: int
+    # A data-modifying statement may sit in a WITH clause: a unit's
+    # independent writes, and the outbox reservation with its entry, each go
+    # as one statement.
+    supports_writable_cte: bool
+    # The database has one writer at a time, and a transaction holds it from
+    # BEGIN to its end: a unit of work's writes cannot run while the same
+    # task has a transaction open, which would wait for itself.
+    one_writer: bool = False
+    # A deleted row's internal id may go to a row created later (SQLite's
+    # rowid without AUTOINCREMENT): an internal id read before cannot name the
+    # same row for sure, so references are looked up by external id.
+    reuses_row_ids: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SqlSnippets:
+    """Statements and expressions the core needs in each dialect's words."""
+
     # One statement returning the database's current time (UTC).
-    now_sql: str
+    now: str
     # One statement returning the server's version string.
-    version_sql: str
+    version: str
     # Appended to a SELECT to hold a shared row lock until commit ("" if the
     # database serializes writers anyway).
     row_share_lock: str
     # The outbox version as 20 lowercase hex digits, from the counter's text
     # value ({value}: an SQL expression).
-    version_hex_sql: str
+    version_hex: str
     # Text turned into a json_document column's value ({x}: an SQL expression).
-    json_from_text_sql: str
-    # A data-modifying statement may sit in a WITH clause, so one statement
-    # can reserve an outbox version and write the entry.
-    supports_writable_cte: bool
+    json_from_text: str
     # One read's rows as one value, an array of row values, so that a unit's
     # reads travel as one statement ({columns}: the read's select list;
     # {rest}: the read after "SELECT <columns> FROM "). None: reads go as a
     # batch.
-    rows_array_sql: str | None
-    # An expression that fails the statement it is in, with {message} (an SQL
-    # text expression, evaluated only when the failure is reached) in the
-    # error's message. With a writable WITH, this lets the outbox's mutation
-    # phase be one statement committing on its own: a stale checked write
-    # aborts it. None: the phase runs in an explicit transaction.
-    abort_sql: str | None
+    rows_array: str | None = None
+    # Ending a server session whose connection broke (see
+    # :attr:`Connection.server_session`). ``session_process`` takes
+    # ``{session}`` and returns one row, column ``process``, while that
+    # session still runs on the server (no row once it has ended);
+    # ``end_process`` asks the server to end process ``{process}``.
+    # None: a broken connection leaves nothing running (an embedded database).
+    session_process: str | None = None
+    end_process: str | None = None
+    # Run first in a mutation phase at "repeatable read" or "serializable"
+    # with the outbox on: it waits for the outbox counter's writers before
+    # the transaction takes its snapshot. Without it, reserving a version
+    # fails as a serialization conflict whenever another outbox unit
+    # committed after the snapshot was taken (PostgreSQL's first-updater-
+    # wins rule; LOCK TABLE takes no snapshot). None: no such rule.
+    outbox_snapshot_lock: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPlanChoice:
+    """Which plan commits a unit of work's mutation phase on this dialect
+    (:mod:`aiofragno.uow.plans`), with the SQL that plan needs:
+
+    - ``"statements-then-commit"``: the operations, checked as their results
+      come back, then the unit's record with COMMIT.
+    - ``"checked-in-process"``: the engine runs in this process, so a batch
+      and the checks on its results cost nothing on the wire: the
+      operations, their checks, the record and COMMIT go in one
+      :meth:`Connection.commit_batch` with a stop point.
+    - ``"guarded-batch"``: ``stale_guard`` statements stop the batch at a
+      stale operation on the server, so a transaction's writes, their
+      checks, the record and COMMIT go out as one batch.
+    - ``"one-committing-statement"``: with the outbox on, the operations
+      and the entry as one statement outside a transaction (a writable
+      WITH), which ``abort_sql`` — an expression failing the statement with
+      ``{message}`` (an SQL text expression) in the error's message — aborts
+      at a stale operation.
+    """
+
+    plan: Literal[
+        "statements-then-commit",
+        "checked-in-process",
+        "guarded-batch",
+        "one-committing-statement",
+    ] = "statements-then-commit"
+    stale_guard: StaleGuard | None = None
+    abort_sql: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DialectAdapter:
+    """What the core needs to know of one SQL dialect, in groups: what it
+    can do (:class:`Capabilities`), SQL in its words (:class:`SqlSnippets`),
+    how values are stored (:class:`StorageProfile`), how tables are created
+    (:class:`DdlSpec`) and how units of work commit
+    (:class:`CommitPlanChoice`). The core branches on these, never on the
+    dialect's name."""
+
+    capabilities: Capabilities
+    sql: SqlSnippets
     storage: StorageProfile
     ddl: DdlSpec
+    commit: CommitPlanChoice
+    outbox_version_strategy: Literal[
+        "insert-on-conflict-returning", "insert-on-duplicate-last-insert-id"
+    ]
+    default_naming: Literal["schema", "suffix"]
+    max_identifier_length: int
     # True for a raw statement's text that may leave state in its session
     # beyond the statement — settings, session locks, temporary objects, user
     # variables: a connection that ran one is restored
@@ -233,39 +302,53 @@ class DialectAdapter:
     # anything but a plain read, write or schema change, or one calling what
     # changes the session (:class:`aiofragno.dialects.common.SessionChanges`).
     session_changes: Callable[[str], bool]
-    # Ending a server session whose connection broke (see
-    # :attr:`Connection.server_session`). ``session_process_sql`` takes
-    # ``{session}`` and returns one row, column ``process``, while that
-    # session still runs on the server (no row once it has ended);
-    # ``end_process_sql`` asks the server to end process ``{process}``.
-    # None: a broken connection leaves nothing running (an embedded database).
-    session_process_sql: str | None = None
-    end_process_sql: str | None = None
-    # The engine runs in this process: a batch and the checks on its results
-    # cost nothing on the wire, so :meth:`Connection.commit_batch` with a stop
-    # point runs a transaction's writes, their checks and COMMIT in one call.
-    # False: checks wait for the results, and COMMIT goes out after them.
-    checks_batches_in_process: bool = False
-    # The database has one writer at a time, and a transaction holds it from
-    # BEGIN to its end: a unit of work's writes cannot run while the same
-    # task has a transaction open, which would wait for itself.
-    one_writer: bool = False
-    # Run first in a mutation phase at "repeatable read" or "serializable"
-    # with the outbox on: it waits for the outbox counter's writers before
-    # the transaction takes its snapshot. Without it, reserving a version
-    # fails as a serialization conflict whenever another outbox unit
-    # committed after the snapshot was taken (PostgreSQL's first-updater-
-    # wins rule; LOCK TABLE takes no snapshot). None: no such rule.
-    outbox_snapshot_lock_sql: str | None = None
-    # A deleted row's internal id may go to a row created later (SQLite's
-    # rowid without AUTOINCREMENT): an internal id read before cannot name the
-    # same row for sure, so references are looked up by external id.
-    reuses_row_ids: bool = False
-    # Statements that stop a batch at a stale operation on the server (see
-    # :class:`StaleGuard`), so that a transaction's writes, their checks, the
-    # outbox entry and COMMIT can go out as one batch. None: the results are
-    # checked here before the entry and COMMIT are sent.
-    stale_guard: StaleGuard | None = None
+
+    # The flags the README's capability table named, where they were before
+    # the groups (``db.adapter`` may have been read): deprecated.
+
+    @property
+    def supports_returning(self) -> bool:
+        return _moved("supports_returning", self.capabilities.supports_returning)
+
+    @property
+    def supports_transactional_ddl(self) -> bool:
+        return _moved("supports_transactional_ddl", self.capabilities.supports_transactional_ddl)
+
+    @property
+    def supports_skip_locked(self) -> bool:
+        return _moved("supports_skip_locked", self.capabilities.supports_skip_locked)
+
+    @property
+    def supports_writable_cte(self) -> bool:
+        return _moved("supports_writable_cte", self.capabilities.supports_writable_cte)
+
+    @property
+    def one_writer(self) -> bool:
+        return _moved("one_writer", self.capabilities.one_writer)
+
+    @property
+    def supports_advisory_locks(self) -> bool:
+        return _moved(
+            "supports_advisory_locks",
+            self.ddl.migration_lock_sql is not None,
+            "ddl.migration_lock_sql",
+        )
+
+    @property
+    def stale_guard(self) -> StaleGuard | None:
+        return _moved("stale_guard", self.commit.stale_guard, "commit.stale_guard")
+
+
+_T = TypeVar("_T")
+
+
+def _moved(name: str, value: _T, where: str | None = None) -> _T:
+    warnings.warn(
+        f"DialectAdapter.{name} is deprecated: read adapter.{where or 'capabilities.' + name}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,8 @@ from .resilience import Deadline, retry_read, shared_deadline
 from .session import Queries, Session, TransactionContext, current_transaction
 from .sql import Fragment
 from .stats import Stats
+from .uow.plans import CommitPlan
+from .uow.plans import choose as choose_plan
 from .url import DatabaseURL, Options
 
 
@@ -53,6 +55,8 @@ class Engine(Queries):
         self.compiler = dialect.create_query_compiler()
         self._driver = dialect.create_driver()
         self.codec = ValueCodec(self.adapter.storage, naive_datetimes=options.naive_datetimes)
+        # How units of work commit their mutation phase on this database.
+        self.commit_plan: CommitPlan = choose_plan(self.adapter)
         self.stats = Stats()
         self._closed = False
         self._outbox_statements: OutboxStatements | None = None

@@ -47,8 +47,8 @@ async def end_session(db: Engine, server_session: str | None, give_up_after: flo
     seconds after it was asked to end (the server refused to end it and it has not ended
     by itself), :class:`~aiofragno.errors.ConnectionLost` if this look-up's
     own connection breaks (try again: it has no effects to repeat)."""
-    find = db.adapter.session_process_sql
-    end = db.adapter.end_process_sql
+    find = db.adapter.sql.session_process
+    end = db.adapter.sql.end_process
     if server_session is None or find is None or end is None:
         return
     running = sql(find, session=server_session)

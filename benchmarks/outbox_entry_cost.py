@@ -93,8 +93,8 @@ def _entry(version: str | None) -> str:
 # Where a shape's text is cut into two round trips (aiofragno's outbox phase
 # before b24a64a: the writes, then the entry with COMMIT).
 NEXT_TRIP = "; -- next round trip --\n"
-# aiofragno's stale guard after a write (DialectAdapter.stale_guard).
-GUARD = "; " + mysql.ADAPTER.stale_guard.after_write.format(message="'stale'")  # type: ignore[union-attr]
+# aiofragno's stale guard after a write (CommitPlanChoice.stale_guard).
+GUARD = "; " + mysql.ADAPTER.commit.stale_guard.after_write.format(message="'stale'")  # type: ignore[union-attr]
 GUARDED = UNIT.replace("WHERE id = 1;", "WHERE id = 1" + GUARD + ";").replace(
     "WHERE id = 2;", "WHERE id = 2" + GUARD + ";"
 )

@@ -128,7 +128,13 @@ async def test_db_adapter_is_deprecated(tmp_path: Path) -> None:
         with pytest.deprecated_call(match="aiofragno doctor"):
             adapter = db.adapter
         assert adapter is db._engine.adapter
-        assert adapter.supports_returning
+        # The README's flags moved into groups; their old names still answer.
+        with pytest.deprecated_call(match="capabilities.supports_returning"):
+            assert adapter.supports_returning
+        with pytest.deprecated_call(match="commit.stale_guard"):
+            assert adapter.stale_guard is None
+        with pytest.deprecated_call(match="ddl.migration_lock_sql"):
+            assert not adapter.supports_advisory_locks
 
 
 @pytest.mark.anyio

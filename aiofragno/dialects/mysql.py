@@ -5,7 +5,16 @@ from __future__ import annotations
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 
-from ..driver import DdlSpec, DialectAdapter, IsolationLevel, StaleGuard, StorageProfile
+from ..driver import (
+    Capabilities,
+    CommitPlanChoice,
+    DdlSpec,
+    DialectAdapter,
+    IsolationLevel,
+    SqlSnippets,
+    StaleGuard,
+    StorageProfile,
+)
 from ..errors import (
     CheckViolation,
     ConnectionLost,
@@ -41,23 +50,36 @@ SESSION_HOLDER_SQL = "SELECT IS_USED_LOCK(%s)"
 _GUARD = "SET SESSION time_zone = IF({count} < 1, {{message}}, @@SESSION.time_zone)"
 
 ADAPTER = DialectAdapter(
-    supports_returning=False,
-    supports_json=True,
-    reports_affected_rows=True,
-    supports_transactional_ddl=False,
-    supports_skip_locked=True,
-    supports_advisory_locks=True,
+    capabilities=Capabilities(
+        supports_returning=False,
+        supports_transactional_ddl=False,
+        supports_skip_locked=True,
+        supports_writable_cte=False,
+    ),
     outbox_version_strategy="insert-on-duplicate-last-insert-id",
     default_naming="suffix",
     max_identifier_length=64,
-    now_sql="SELECT UTC_TIMESTAMP(6)",
-    version_sql="SELECT version()",
-    row_share_lock=" LOCK IN SHARE MODE",
-    version_hex_sql="LPAD(LOWER(HEX(CAST({value} AS UNSIGNED))), 20, '0')",
-    json_from_text_sql="{x}",
-    supports_writable_cte=False,
-    rows_array_sql=None,  # (the driver sends a batch in one round trip)
-    abort_sql=None,
+    sql=SqlSnippets(
+        now="SELECT UTC_TIMESTAMP(6)",
+        version="SELECT version()",
+        row_share_lock=" LOCK IN SHARE MODE",
+        version_hex="LPAD(LOWER(HEX(CAST({value} AS UNSIGNED))), 20, '0')",
+        json_from_text="{x}",
+        # (No rows_array: the driver sends a batch in one round trip.)
+        # A session is named by a user-level lock it takes at connect
+        # (SESSION_LOCK_SQL) and holds until it ends: connection ids are reused
+        # after a server restart.
+        session_process="SELECT process FROM (SELECT IS_USED_LOCK({session}) AS process) AS s "
+        "WHERE process IS NOT NULL",
+        end_process="KILL CONNECTION {process}",
+    ),
+    commit=CommitPlanChoice(
+        "guarded-batch",
+        stale_guard=StaleGuard(
+            after_write=_GUARD.format(count="ROW_COUNT()"),
+            after_read=_GUARD.format(count="FOUND_ROWS()"),
+        ),
+    ),
     storage=StorageProfile(
         timestamp="utc-naive",
         string_max_chars=255,
@@ -72,16 +94,6 @@ ADAPTER = DialectAdapter(
         # User-level locks, user variables (:= and SELECT INTO @), executable
         # comments, and a second statement in the same text.
         ("get_lock", ":=", r"into\s+@", r"/\*m?!", r";\s*\S"),
-    ),
-    # A session is named by a user-level lock it takes at connect
-    # (SESSION_LOCK_SQL) and holds until it ends: connection ids are reused
-    # after a server restart.
-    session_process_sql="SELECT process FROM (SELECT IS_USED_LOCK({session}) AS process) AS s "
-    "WHERE process IS NOT NULL",
-    end_process_sql="KILL CONNECTION {process}",
-    stale_guard=StaleGuard(
-        after_write=_GUARD.format(count="ROW_COUNT()"),
-        after_read=_GUARD.format(count="FOUND_ROWS()"),
     ),
     ddl=DdlSpec(
         types={

@@ -8,7 +8,15 @@ from decimal import Decimal
 from typing import Any
 
 from ..codec import utc_instant
-from ..driver import DdlSpec, DialectAdapter, IsolationLevel, StorageProfile
+from ..driver import (
+    Capabilities,
+    CommitPlanChoice,
+    DdlSpec,
+    DialectAdapter,
+    IsolationLevel,
+    SqlSnippets,
+    StorageProfile,
+)
 from ..errors import (
     CheckViolation,
     ConnectionLost,
@@ -38,29 +46,35 @@ SESSION = "CAST(pid AS text) || '@' || CAST(EXTRACT(EPOCH FROM backend_start) AS
 SESSION_SQL = f"SELECT {SESSION} FROM pg_stat_activity WHERE pid = pg_backend_pid()"
 
 ADAPTER = DialectAdapter(
-    supports_returning=True,
-    supports_json=True,
-    reports_affected_rows=True,
-    supports_transactional_ddl=True,
-    supports_skip_locked=True,
-    supports_advisory_locks=True,
+    capabilities=Capabilities(
+        supports_returning=True,
+        supports_transactional_ddl=True,
+        supports_skip_locked=True,
+        supports_writable_cte=True,
+    ),
     outbox_version_strategy="insert-on-conflict-returning",
     default_naming="schema",
     max_identifier_length=63,
-    now_sql="SELECT clock_timestamp()",
-    version_sql="SELECT version()",
-    row_share_lock=" FOR SHARE",
-    version_hex_sql="lpad(to_hex(CAST({value} AS BIGINT)), 20, '0')",
-    json_from_text_sql="CAST({x} AS json)",
-    supports_writable_cte=True,
-    # (An array constructor keeps its subquery's ORDER BY order.)
-    rows_array_sql="ARRAY(SELECT ROW({columns}) FROM {rest})",
-    # (The text is not an integer, and the error quotes it.)
-    abort_sql="CAST({message} AS integer)",
+    sql=SqlSnippets(
+        now="SELECT clock_timestamp()",
+        version="SELECT version()",
+        row_share_lock=" FOR SHARE",
+        version_hex="lpad(to_hex(CAST({value} AS BIGINT)), 20, '0')",
+        json_from_text="CAST({x} AS json)",
+        # (An array constructor keeps its subquery's ORDER BY order.)
+        rows_array="ARRAY(SELECT ROW({columns}) FROM {rest})",
+        session_process=f"SELECT pid AS process FROM pg_stat_activity WHERE {SESSION} = {{session}}",
+        end_process="SELECT pg_terminate_backend({process})",
+        # (The settings table holds the counter row; this mode lets readers and
+        # row-share lockers through, and waits for — then holds off — writers.)
+        outbox_snapshot_lock='LOCK TABLE "fragno_db_settings" IN SHARE ROW EXCLUSIVE MODE',
+    ),
+    commit=CommitPlanChoice(
+        "one-committing-statement",
+        # (The text is not an integer, and the error quotes it.)
+        abort_sql="CAST({message} AS integer)",
+    ),
     storage=StorageProfile(text_rejects_nul=True, extreme_dates_are_infinity=True),
-    # (The settings table holds the counter row; this mode lets readers and
-    # row-share lockers through, and waits for — then holds off — writers.)
-    outbox_snapshot_lock_sql='LOCK TABLE "fragno_db_settings" IN SHARE ROW EXCLUSIVE MODE',
     session_changes=SessionChanges(
         # (SET LOCAL, SET TRANSACTION and SET CONSTRAINTS end with the transaction.)
         "table|merge|show|comment|vacuum|refresh|reindex|cluster|notify|fetch|move"
@@ -70,8 +84,6 @@ ADAPTER = DialectAdapter(
         # table, a dblink connection, the random seed.
         ("set_config", "advisory_lock", "pg_temp", r"into\s+temp", "dblink_connect", "setseed"),
     ),
-    session_process_sql=f"SELECT pid AS process FROM pg_stat_activity WHERE {SESSION} = {{session}}",
-    end_process_sql="SELECT pg_terminate_backend({process})",
     ddl=DdlSpec(
         types={
             "string": "text",

@@ -11,7 +11,14 @@ from decimal import Decimal
 
 from ..brief import brief
 from ..codec import utc_instant
-from ..driver import DdlSpec, DialectAdapter, StorageProfile
+from ..driver import (
+    Capabilities,
+    CommitPlanChoice,
+    DdlSpec,
+    DialectAdapter,
+    SqlSnippets,
+    StorageProfile,
+)
 from ..errors import (
     CheckViolation,
     DatabaseUnavailable,
@@ -35,27 +42,27 @@ from .common import SessionChanges, json_param
 RETURNING_SINCE = (3, 35, 0)
 
 _BASE = DialectAdapter(
-    supports_returning=True,  # (see adapter)
-    supports_json=True,
-    reports_affected_rows=True,
-    supports_transactional_ddl=True,
-    supports_skip_locked=False,
-    supports_advisory_locks=False,
+    capabilities=Capabilities(
+        supports_returning=True,  # (see adapter)
+        supports_transactional_ddl=True,
+        supports_skip_locked=False,
+        supports_writable_cte=False,
+        one_writer=True,
+        reuses_row_ids=True,
+    ),
     outbox_version_strategy="insert-on-conflict-returning",
     default_naming="suffix",
     # SQLite has no limit; keep names portable to PostgreSQL's.
     max_identifier_length=63,
-    now_sql="SELECT strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')",
-    version_sql="SELECT sqlite_version()",
-    row_share_lock="",
-    version_hex_sql="printf('%020x', CAST({value} AS INTEGER))",
-    json_from_text_sql="{x}",
-    supports_writable_cte=False,
-    rows_array_sql=None,  # (the driver sends a batch in one round trip)
-    abort_sql=None,
-    checks_batches_in_process=True,
-    one_writer=True,
-    reuses_row_ids=True,
+    sql=SqlSnippets(
+        now="SELECT strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')",
+        version="SELECT sqlite_version()",
+        row_share_lock="",
+        version_hex="printf('%020x', CAST({value} AS INTEGER))",
+        json_from_text="{x}",
+        # (No rows_array: the driver sends a batch in one round trip.)
+    ),
+    commit=CommitPlanChoice("checked-in-process"),
     storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),
     # PRAGMA is plain only for the pragmas that read (a setting's pragma
     # with an argument sets it); ATTACH and BEGIN are not plain.
@@ -102,7 +109,7 @@ def adapter(options: Options, library_version: tuple[int, ...]) -> DialectAdapte
     "iso-text")."""
     base = _BASE
     if library_version < RETURNING_SINCE:
-        base = replace(base, supports_returning=False)
+        base = replace(base, capabilities=replace(base.capabilities, supports_returning=False))
     if options.sqlite_timestamps == "epoch-ms":
         return base
     storage = replace(base.storage, timestamp="iso-text")

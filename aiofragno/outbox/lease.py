@@ -80,7 +80,7 @@ class Lease:
         return sql_using(template, **_C, n=self.name, o=self.owner, **params)
 
     async def _now_ms(self, queries: Queries) -> int:
-        now = await queries.fetch_value(self.db.raw(self.db.adapter.now_sql))
+        now = await queries.fetch_value(self.db.raw(self.db.adapter.sql.now))
         return int(as_utc(now).timestamp() * 1000)
 
     def _until(self, now: int) -> int:
@@ -102,7 +102,9 @@ class Lease:
         return await ride_out(self.db, self.what, self._claim)
 
     async def _claim(self) -> bool:
-        lock = " FOR UPDATE SKIP LOCKED" if self.db.adapter.supports_skip_locked else ""
+        lock = (
+            " FOR UPDATE SKIP LOCKED" if self.db.adapter.capabilities.supports_skip_locked else ""
+        )
         select = self._query("SELECT {cursor}, {owner}, {until} FROM {t} WHERE {name} = {n}" + lock)
         started = runtime.monotonic()
         attempt = Attempt(self.db)

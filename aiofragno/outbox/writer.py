@@ -111,12 +111,12 @@ class OutboxStatements:
             "key": VERSION_KEY,
         }
         self.entry = [_Prepared(compiler, q) for q in _statements(adapter, names)]
-        self._stamp_returned = adapter.supports_returning
+        self._stamp_returned = adapter.capabilities.supports_returning
         # The same as parts of a WITH, for a statement that also carries the
         # unit's writes; the expression selecting the entry's versionstamp.
         self.parts: _Prepared | None = None
         self.stamp = SqlText()
-        if adapter.supports_writable_cte:
+        if adapter.capabilities.supports_writable_cte:
             reserve, insert = _parts(adapter, names)
             cte = sql(
                 f"reserved AS ({{reserve}}), {_ENTRY} AS ({{insert}} RETURNING {{vs}})",
@@ -158,11 +158,13 @@ def _parts(adapter: DialectAdapter, names: dict[str, Any]) -> tuple[Fragment, Fr
     version from a WITH part named ``reserved`` where the database has them."""
     strategy = adapter.outbox_version_strategy
     reserved = (
-        "(SELECT {v} FROM reserved)" if adapter.supports_writable_cte else _RESERVED[strategy]
+        "(SELECT {v} FROM reserved)"
+        if adapter.capabilities.supports_writable_cte
+        else _RESERVED[strategy]
     )
-    version = sql(adapter.version_hex_sql, value=sql_using(reserved, **names))
+    version = sql(adapter.sql.version_hex, value=sql_using(reserved, **names))
     payload = sql(
-        adapter.json_from_text_sql,
+        adapter.sql.json_from_text,
         x=sql(
             "REPLACE({payload}, {stand_in}, {version})",
             payload=_UNBOUND["payload"],
@@ -176,9 +178,9 @@ def _parts(adapter: DialectAdapter, names: dict[str, Any]) -> tuple[Fragment, Fr
 
 def _statements(adapter: DialectAdapter, names: dict[str, Any]) -> list[Fragment]:
     reserve, insert = _parts(adapter, names)
-    if adapter.supports_returning:
+    if adapter.capabilities.supports_returning:
         insert += sql(" RETURNING {vs}", vs=names["vs"])
-    if adapter.supports_writable_cte:
+    if adapter.capabilities.supports_writable_cte:
         return [sql("WITH reserved AS ({reserve}) ", reserve=reserve) + insert]
     return [reserve, insert]
 

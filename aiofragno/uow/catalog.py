@@ -37,7 +37,7 @@ class ColumnInfo:
     target: str | None = None  # referenced table
     target_identity: TableIdentity | None = None  # the referenced table's identity
     # A RowId of the referenced table may stand for its internal id (see
-    # DialectAdapter.reuses_row_ids).
+    # Capabilities.reuses_row_ids).
     trusts_internal_ids: bool = False
 
 
@@ -164,7 +164,7 @@ def _column_info(catalog: Catalog, column: Column) -> ColumnInfo:
             column,
             column.to_table,
             catalog.identity(column.to_table),
-            not catalog.adapter.reuses_row_ids,
+            not catalog.adapter.capabilities.reuses_row_ids,
         )
     encode = catalog.codec.encoder(column.kind, column.length)
     return ColumnInfo(column.name, column.kind, quoted, f"{ALIAS}.{quoted}", encode, column)

@@ -26,7 +26,7 @@ def combine_reads(
     """The one statement running the reads ``ops`` (compiled as ``queries``),
     or None where they go as a batch (a single read, or a dialect without
     arrays of rows). Its text is cached by the reads' texts."""
-    template = catalog.adapter.rows_array_sql
+    template = catalog.adapter.sql.rows_array
     if template is None or len(ops) < 2:
         return None
     texts, parameters = zip(*queries, strict=True)  # (each a (sql, parameters) tuple)

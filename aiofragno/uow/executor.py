@@ -3,40 +3,32 @@ mutation phase's transaction."""
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .. import runtime
-from ..driver import CompiledQuery, IsolationLevel, QueryResult, StaleGuard
+from ..driver import CompiledQuery, IsolationLevel, QueryResult
 from ..errors import (
     CommitOutcomeUnknown,
     ConcurrencyConflict,
     ConnectionLost,
-    DatabaseUnavailable,
-    DataError,
-    IntegrityError,
-    ProgrammingError,
-    RowNotFound,
-    TransactionConflict,
-    UniqueViolation,
     ValidationError,
     WouldDeadlock,
 )
 from ..outbox.versionstamp import MAX_INDEX
 from ..outbox.writer import entry_values
-from ..resilience import retry_read, shared_deadline
+from ..resilience import Deadline, retry_read, shared_deadline
 from ..schema import new_external_id
 from ..session import Session, current_transaction
 from .catalog import Catalog
-from .combine import combinable, combine, combine_committing, groups, split
 from .ops import Check, MutationOp
+from .outcomes import Outcome, classify
+from .plans import Phase
 from .records import key_statement, key_taken, new_nonce, settle
 from .retry import ExponentialBackoff, RetryPolicy
-from .stale import guarded, stale_index
 from .unit import UnitOfWork
 
 if TYPE_CHECKING:
@@ -46,8 +38,6 @@ logger = logging.getLogger("aiofragno")
 T = TypeVar("T")
 Hook = Callable[[UnitOfWork], Any]
 DEFAULT_RETRY = ExponentialBackoff()
-# Isolation levels whose transactions read one snapshot throughout.
-_SNAPSHOT_LEVELS = frozenset({"repeatable read", "serializable"})
 # Idempotency keys are stored as varchar(255) (the outbox's uow_id).
 MAX_KEY_LENGTH = 255
 
@@ -69,10 +59,6 @@ class UowHooks:
 
 
 NO_HOOKS = UowHooks()
-
-
-class _Conflict(Exception):
-    """A checked operation matched no row."""
 
 
 async def _call(hook: Callable[..., Any] | None, *args: Any) -> None:
@@ -116,7 +102,7 @@ class HeldConnection:
 
 
 def _check_not_waiting_for_itself(db: Engine) -> None:
-    if db.adapter.one_writer and current_transaction(db) is not None:
+    if db.adapter.capabilities.one_writer and current_transaction(db) is not None:
         raise WouldDeadlock(
             f"this unit of work has writes, and a db.transaction() is open in this task: "
             f"on {db.name} that transaction holds the database's one writer until it ends, "
@@ -136,13 +122,16 @@ async def run_mutations(
     record_key: str | None,
     nonce: str,
 ) -> None:
-    """The mutation phase: every write in one transaction, or none. Last in
-    the same transaction, the unit's record (:mod:`.records`): with the
-    outbox on, its outbox entry; else, given ``record_key``, that key."""
+    """The mutation phase: every write in one transaction, or none, committed
+    by the engine's plan (:mod:`.plans`). Last in the same transaction, the
+    unit's record (:mod:`.records`): with the outbox on, its outbox entry;
+    else, given ``record_key``, that key."""
     ops = uow.mutations
     values = _entry_values(db, uow, catalog, nonce) if db.options.outbox else None
+    statements = None
     if values is not None:
-        entry = db.outbox_statements.queries(values)
+        statements = db.outbox_statements
+        entry = statements.queries(values)
     elif record_key is not None and _writes(ops):
         entry = [key_statement(db, record_key, nonce)]
     else:
@@ -151,46 +140,10 @@ async def run_mutations(
         for query in (*(op.query for op in ops), *entry):
             notify(query)
     session = await held.get()
-    abort = None
-    if values is not None and isolation is None:
-        abort = _abort_sql(db, ops)
-        if abort is not None and await _commit_alone(db, session, catalog, ops, values, abort, uow):
-            return
-    begin = functools.partial(_begin, db, session, isolation, values is not None)
-    try:
-        await begin()
-        guard = db.adapter.stale_guard
-        if db.adapter.checks_batches_in_process:
-            written = await _write_and_commit(session, ops, entry)
-        elif entry and guard is not None:
-            written = await _write_guarded_and_commit(session, ops, entry, guard)
-        else:
-            # (After the one statement failed, only one statement per operation
-            # tells which failed.)
-            _check(ops, await _write(db, session, catalog, ops, begin, combined=abort is None))
-            # The outbox entry reserves its version (locking the counter row
-            # until COMMIT), so it goes out together with the COMMIT.
-            written = await session.commit(entry)
-    except BaseException:
-        await _rollback(session)
-        raise
+    phase = Phase(session, catalog, ops, entry, isolation, values, statements)
+    stamp = await db.commit_plan.commit(phase)
     if values is not None:
-        uow.versionstamp = db.outbox_statements.versionstamp(written)
-
-
-async def _begin(
-    db: Engine, session: Session, isolation: IsolationLevel | None, outbox: bool
-) -> None:
-    """Open the phase's transaction. With the outbox, at a snapshot isolation
-    level, first wait for the outbox counter, before any statement takes
-    the snapshot (:attr:`DialectAdapter.outbox_snapshot_lock_sql`): the
-    reservation then reads the counter's newest version instead of failing
-    on every outbox unit that committed meanwhile. Such units run one at a
-    time with the other outbox writers for their whole phase."""
-    await session.begin(isolation)
-    lock = db.adapter.outbox_snapshot_lock_sql
-    if outbox and lock is not None and isolation in _SNAPSHOT_LEVELS:
-        await session.execute(CompiledQuery(lock))
+        uow.versionstamp = stamp
 
 
 def _writes(ops: Sequence[MutationOp]) -> bool:
@@ -219,157 +172,6 @@ def _entry_values(
         namespace=catalog.layout.namespace,
         writes=writes,
     )
-
-
-async def _write_and_commit(
-    session: Session, ops: Sequence[MutationOp], entry: Sequence[CompiledQuery]
-) -> list[QueryResult]:
-    """The operations, then the outbox ``entry`` and COMMIT unless one
-    conflicted: one call where the engine checks results in this process, so
-    the transaction never waits on the event loop between its writes and its
-    COMMIT. The entry's results."""
-    count = len(ops)
-    results = await session.commit(
-        [*(op.query for op in ops), *entry],
-        lambda index, result: index < count and ops[index].conflicted(result),
-    )
-    _check(ops, results[:count])
-    return results[count:]
-
-
-async def _write_guarded_and_commit(
-    session: Session, ops: Sequence[MutationOp], entry: Sequence[CompiledQuery], guard: StaleGuard
-) -> list[QueryResult]:
-    """The operations, each checked one followed by its ``guard``, then the
-    outbox ``entry`` and COMMIT, as one batch: one round trip where the
-    driver sends a batch at once, and a stale operation stops the batch on
-    the server before COMMIT. Only with the outbox on: a connection lost on
-    the way makes the whole phase a lost COMMIT, which the entry resolves;
-    without the outbox, a loss before COMMIT is worth keeping apart, since
-    such a phase can simply run again. The entry's results."""
-    queries = guarded(ops, guard)
-    try:
-        results = await session.commit([*queries, *entry])
-    except DataError as exc:
-        conflict = _stale_conflict(ops, exc)
-        if conflict is None:
-            raise
-        raise conflict from exc
-    return results[len(queries) :]
-
-
-def _check(ops: Sequence[MutationOp], results: Sequence[QueryResult]) -> None:
-    """Raise the conflict of the first operation that matched no row."""
-    for op, result in zip(ops, results, strict=False):  # (a batch may stop early)
-        if op.conflicted(result):
-            raise _mismatch(op)
-
-
-def _stale_conflict(ops: Sequence[MutationOp], exc: DataError) -> _Conflict | RowNotFound | None:
-    """The conflict of the operation whose stale check the database aborted
-    with ``exc`` (:mod:`.stale`), or None if ``exc`` is another error."""
-    index = stale_index(str(exc))
-    return None if index is None else _mismatch(ops[index])
-
-
-def _mismatch(op: MutationOp) -> _Conflict | RowNotFound:
-    """What an operation that matched no row makes of the phase: a conflict
-    if the unit had seen the row, else :class:`RowNotFound`."""
-    return _Conflict(op.stale()) if op.seen else RowNotFound(f"{op.stale()}; nothing was written")
-
-
-def _abort_sql(db: Engine, ops: Sequence[MutationOp]) -> str | None:
-    """:data:`DialectAdapter.abort_sql` where the phase and its outbox entry
-    can be one statement committing on its own (:func:`_commit_alone`), else None."""
-    adapter = db.adapter
-    return adapter.abort_sql if adapter.supports_writable_cte and combinable(ops) else None
-
-
-async def _commit_alone(
-    db: Engine,
-    session: Session,
-    catalog: Catalog,
-    ops: Sequence[MutationOp],
-    values: dict[str, Any],
-    abort: str,
-    uow: UnitOfWork,
-) -> bool:
-    """The operations and the outbox entry as one statement outside any
-    transaction — one round trip for the phase, its entry and COMMIT, and the
-    outbox counter's row lock held only inside the server, not across our
-    round trips. True once committed; False, with nothing applied, when it
-    failed with an error that only a statement-by-statement run can pin to an
-    operation. A lost connection is :class:`CommitOutcomeUnknown`, which the
-    outbox entry resolves."""
-    statements = db.outbox_statements
-    query = combine_committing(catalog, ops, statements.with_parts(values), statements.stamp, abort)
-    try:
-        result = await session.execute_committing(query)
-    except DataError as exc:
-        conflict = _stale_conflict(ops, exc)
-        if conflict is None:
-            return False
-        raise conflict from exc
-    except (IntegrityError, ProgrammingError):
-        return False
-    uow.versionstamp = str(result.rows[0]["stamp"])
-    return True
-
-
-async def _write(
-    db: Engine,
-    session: Session,
-    catalog: Catalog,
-    ops: Sequence[MutationOp],
-    begin: Callable[[], Awaitable[None]],
-    *,
-    combined: bool,
-) -> list[QueryResult]:
-    """Run the operations in the open transaction; their results, cut short
-    at the first conflict (which rolls everything back afterwards). Where
-    the database can combine them (and ``combined``), runs of independent
-    operations go as one statement each (:func:`groups`); else one batch,
-    one round trip where the driver can. ``begin`` opens the transaction
-    again after a combined run failed."""
-    if combined and db.adapter.supports_writable_cte:
-        runs = groups(ops)
-        if len(runs) < len(ops):
-            try:
-                return await _write_runs(session, catalog, runs)
-            except (IntegrityError, DataError, ProgrammingError):
-                # Which operation failed, and whether a stale one came before it
-                # (then the unit conflicted), only a statement-by-statement run tells.
-                await session.rollback()
-                await begin()
-    return await session.execute_batch(
-        [op.query for op in ops], lambda index, result: ops[index].conflicted(result)
-    )
-
-
-async def _write_runs(
-    session: Session, catalog: Catalog, runs: Sequence[Sequence[MutationOp]]
-) -> list[QueryResult]:
-    """Each run as one statement, in order, up to the first that conflicted."""
-    results: list[QueryResult] = []
-    for run in runs:
-        if len(run) == 1:
-            done = await session.execute_batch([run[0].query])
-        else:
-            done = split(run, (await session.execute_batch([combine(catalog, run)]))[0])
-        results += done
-        if any(op.conflicted(result) for op, result in zip(run, done, strict=True)):
-            break
-    return results
-
-
-async def _rollback(session: Session) -> None:
-    if not session.in_transaction or session.broken or session.interrupted:
-        return  # nothing to undo, or checkin resets/discards the connection
-    with runtime.shielded(runtime.CLEANUP_TIMEOUT):
-        try:
-            await session.rollback()
-        except Exception:
-            session.broken = True  # discarded at checkin; the server rolls back
 
 
 def check_idempotency_key(key: object) -> str:
@@ -422,13 +224,8 @@ async def execute_uow(
             try:
                 try:
                     value = await fn(uow)
-                    if dry_run:
-                        if on_query is not None:
-                            for op in uow.mutations:
-                                on_query(op.query)
-                        return value
-                    if not uow.mutations:
-                        db.stats.units += 1
+                    if dry_run or not uow.mutations:
+                        _without_writes(db, uow, dry_run, on_query)
                         return value
                     _check_not_waiting_for_itself(db)
                     await _call(hooks.before_mutation, uow)
@@ -438,49 +235,102 @@ async def execute_uow(
                 finally:
                     # Released before any backoff sleep below.
                     await held.release()
-            except (_Conflict, TransactionConflict, ConcurrencyConflict) as conflict:
-                db.stats.conflicts += 1
-                await _call(hooks.on_conflict, uow, conflict)
-                delay = policy.delay(attempt)
-                if delay is None:
-                    raise ConcurrencyConflict(
-                        f"unit of work {uow_id} still conflicted after {attempt} attempt(s): {conflict}",
-                        attempts=attempt,
-                    ) from conflict
-                await runtime.sleep(delay)
-                continue
-            except CommitOutcomeUnknown as lost_commit:
-                # Without writes the commit changed nothing; with a record (the
-                # outbox entry, or the key's row) the look-up tells whether it
-                # committed. Otherwise we cannot know, and re-running could
-                # apply the writes twice.
-                if _writes(uow.mutations):
-                    if not settles:
-                        raise
-                    if not await settle(db, uow, nonce, lost_commit):
-                        if not await lost.wait():
-                            raise ConnectionLost(
-                                f"{lost_commit}; unit of work {uow_id} did not commit (its "
-                                "session has ended without it), and the database stayed "
-                                "unreachable for the rest of reconnect_deadline"
-                            ) from lost_commit
-                        db.stats.lost_connection_retries += 1
+            except Exception as exc:
+                outcome = classify(exc)
+                if outcome is Outcome.CONFLICT:
+                    await _back_off(db, policy, hooks, uow, exc, attempt)
+                    continue
+                if outcome is Outcome.AMBIGUOUS:
+                    if not await _settled(
+                        db, uow, nonce, cast(CommitOutcomeUnknown, exc), settles, lost
+                    ):
                         continue
-                db.stats.commits_resolved += 1
-            except (ConnectionLost, DatabaseUnavailable):
-                # Lost before COMMIT was sent: the server rolled the phase back.
-                if not await lost.wait():
+                elif outcome is Outcome.LOST_BEFORE_COMMIT:
+                    # The server rolled the phase back.
+                    if not await lost.wait():
+                        raise
+                    db.stats.lost_connection_retries += 1
+                    continue
+                elif outcome is Outcome.DUPLICATE_KEY and idempotency_key is not None:
+                    await _check_key_taken(db, uow, nonce, exc)
                     raise
-                db.stats.lost_connection_retries += 1
-                continue
-            except UniqueViolation as violation:
-                taken = None if idempotency_key is None else await key_taken(db, uow, nonce)
-                if taken is not None:
-                    raise taken from violation
-                raise
+                else:
+                    raise
             await _after_commit(hooks, uow)
             db.stats.units += 1
             return value
+
+
+def _without_writes(
+    db: Engine, uow: UnitOfWork, dry_run: bool, on_query: Callable[[CompiledQuery], Any] | None
+) -> None:
+    """A unit that ends without a mutation phase: a dry run (its writes go
+    to ``on_query`` only) or one that wrote nothing (it counts as done)."""
+    if dry_run:
+        if on_query is not None:
+            for op in uow.mutations:
+                on_query(op.query)
+    else:
+        db.stats.units += 1
+
+
+async def _check_key_taken(db: Engine, uow: UnitOfWork, nonce: str, violation: Exception) -> None:
+    """After a duplicate key in a unit with an idempotency key: raise
+    :class:`~aiofragno.AlreadyApplied` if another call's record holds the
+    key; else return, and the violation is the answer."""
+    taken = await key_taken(db, uow, nonce)
+    if taken is not None:
+        raise taken from violation
+
+
+async def _back_off(
+    db: Engine,
+    policy: RetryPolicy,
+    hooks: UowHooks,
+    uow: UnitOfWork,
+    conflict: Exception,
+    attempt: int,
+) -> None:
+    """After a conflict: wait before the next attempt, or raise
+    :class:`ConcurrencyConflict` if ``policy`` gives up."""
+    db.stats.conflicts += 1
+    await _call(hooks.on_conflict, uow, conflict)
+    delay = policy.delay(attempt)
+    if delay is None:
+        raise ConcurrencyConflict(
+            f"unit of work {uow.uow_id} still conflicted after {attempt} attempt(s): {conflict}",
+            attempts=attempt,
+        ) from conflict
+    await runtime.sleep(delay)
+
+
+async def _settled(
+    db: Engine,
+    uow: UnitOfWork,
+    nonce: str,
+    lost_commit: CommitOutcomeUnknown,
+    settles: bool,
+    lost: Deadline,
+) -> bool:
+    """After a lost COMMIT: True if the unit committed, False if it did not
+    and may run again (the database is back). Without writes the commit
+    changed nothing; with a record (the outbox entry, or the key's row)
+    the look-up tells whether it committed. Otherwise we cannot know, and
+    re-running could apply the writes twice: ``lost_commit`` is raised."""
+    if _writes(uow.mutations):
+        if not settles:
+            raise lost_commit
+        if not await settle(db, uow, nonce, lost_commit):
+            if not await lost.wait():
+                raise ConnectionLost(
+                    f"{lost_commit}; unit of work {uow.uow_id} did not commit (its "
+                    "session has ended without it), and the database stayed "
+                    "unreachable for the rest of reconnect_deadline"
+                ) from lost_commit
+            db.stats.lost_connection_retries += 1
+            return False
+    db.stats.commits_resolved += 1
+    return True
 
 
 async def _after_commit(hooks: UowHooks, uow: UnitOfWork) -> None:

@@ -617,4 +617,4 @@ class Check(MutationOp):
         _render_target(ctx, self.target, True)
         # Hold a shared lock until commit, so the checked version cannot change
         # before the unit's writes commit.
-        ctx.text(ctx.catalog.adapter.row_share_lock)
+        ctx.text(ctx.catalog.adapter.sql.row_share_lock)

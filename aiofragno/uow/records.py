@@ -95,7 +95,7 @@ def counter_lock(db: Engine) -> Any:
     before :func:`find_record`, it waits for a commit that is finishing
     right now, so the look-up sees it."""
     return sql(
-        "SELECT {v} FROM {t} WHERE {k} = {key}" + db.adapter.row_share_lock,
+        "SELECT {v} FROM {t} WHERE {k} = {key}" + db.adapter.sql.row_share_lock,
         v=Identifier("value"),
         t=Identifier(SETTINGS_TABLE),
         k=Identifier("key"),

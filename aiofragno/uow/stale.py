@@ -2,9 +2,9 @@
 writes, their checks and COMMIT need not wait for us in between.
 
 Where the database aborts the phase itself — a failing expression in
-PostgreSQL's one committing statement (``DialectAdapter.abort_sql``), a guard
+PostgreSQL's one committing statement (``CommitPlanChoice.abort_sql``), a guard
 statement after each checked operation in MySQL's one batch
-(``DialectAdapter.stale_guard``) — the error's message carries :data:`STALE`
+(``CommitPlanChoice.stale_guard``) — the error's message carries :data:`STALE`
 and the operation's index, which :func:`stale_index` reads back.
 """
 

@@ -570,7 +570,7 @@ async def test_not_null_column_without_default_cannot_be_added(
         await db.migrate(bad, namespace=ns)
     columns = await column_names(db, layout.table("accounts"))
     assert "required" not in columns
-    if db._engine.adapter.supports_transactional_ddl:
+    if db._engine.adapter.capabilities.supports_transactional_ddl:
         # The whole migration was rolled back.
         assert "note" not in columns
         assert await table_count(db, db.layout(bad, ns).table("extra")) == 0

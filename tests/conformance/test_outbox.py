@@ -539,7 +539,7 @@ async def test_a_failing_operation_undoes_the_phase_and_its_reservation(
     expected = af.IntegrityError if fault == "missing-reference" else af.ConcurrencyConflict
     with pytest.raises(expected) as failure:
         await shop.run(unit, retry=af.NoRetry())
-    alone = db._engine.adapter.abort_sql is not None
+    alone = db._engine.adapter.commit.plan == "one-committing-statement"
     explicit = not alone or fault == "missing-reference"
     assert calls == Counter(execute_committing=int(alone), begin=int(explicit))
     monkeypatch.undo()

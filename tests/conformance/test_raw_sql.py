@@ -283,7 +283,7 @@ async def test_rows_and_counts_are_the_same_at_every_run(db: af.Database, tables
         (af.sql(long_comment + "UPDATE {t} SET t = {v}", t=table, v="same"), [], 3),
         (af.sql("DELETE FROM {t} WHERE i > {v}", t=table, v=99), [], 0),
     ]
-    if db._engine.adapter.supports_returning:
+    if db._engine.adapter.capabilities.supports_returning:
         statements += [
             (
                 af.sql("UPDATE {t} SET t = {v} WHERE i > 0 RETURNING i", t=table, v="same"),
@@ -308,7 +308,7 @@ async def test_insert_id_for_generated_keys(db: af.Database, tables: Tables) -> 
     await db.execute(af.sql("CREATE TABLE {t} (k " + key + ", v integer)", t=table))
     first = await db.execute(af.sql("INSERT INTO {t} (v) VALUES ({v})", t=table, v=1))
     second = await db.execute(af.sql("INSERT INTO {t} (v) VALUES ({v})", t=table, v=2))
-    if db._engine.adapter.supports_returning:
+    if db._engine.adapter.capabilities.supports_returning:
         returned = await db.fetch_value(
             af.sql("INSERT INTO {t} (v) VALUES (3) RETURNING k", t=table)
         )

@@ -71,7 +71,7 @@ async def test_independent_operations_travel_as_one_statement(
         return uow.create("transfers", {"src": ids["alice"], "dst": ids["bob"], "amount": 10})
 
     await shop.run(transfer, retry=af.NoRetry())
-    combined = shop.db._engine.adapter.supports_writable_cte
+    combined = shop.db._engine.adapter.capabilities.supports_writable_cte
     assert [len(batch) for batch in sent.batches] == [1 if combined else 4]
     assert sent.combined() is combined
     assert (await read_account(shop, "alice") or {})["balance"] == 90
@@ -222,7 +222,7 @@ async def test_reads_of_one_retrieve_travel_as_one_statement(
         return [op.result for op in ops]
 
     both = await shop.run(together)
-    combined = shop.db._engine.adapter.rows_array_sql is not None
+    combined = shop.db._engine.adapter.sql.rows_array is not None
     assert [len(batch) for batch in batches] == [1 if combined else len(reads)]
     assert both == alone
     assert [row["owner"] for row in both[0]] == ["dave", "carol"]

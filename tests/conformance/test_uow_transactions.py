@@ -32,7 +32,7 @@ async def test_a_unit_inside_a_callers_transaction_commits_on_its_own(shop: Env)
     caller's. It does wait for the locks the caller's transaction holds
     (on SQLite the unit is refused instead: see the next test)."""
     db = shop.db
-    if db._engine.adapter.one_writer:
+    if db._engine.adapter.capabilities.one_writer:
         pytest.skip("one writer: a unit with writes inside a transaction is refused")
     ids = await seed_accounts(shop, "alice")
     accounts = db.layout(SHOP, shop.namespace).table("accounts").identifier
@@ -59,7 +59,7 @@ async def test_writes_inside_a_callers_transaction_are_refused_on_one_writer(
     before anything is written; its reads still run, and the caller's
     transaction goes on and commits."""
     db = shop.db
-    if not db._engine.adapter.one_writer:
+    if not db._engine.adapter.capabilities.one_writer:
         pytest.skip("writers do not wait for a transaction that wrote nothing")
     ids = await seed_accounts(shop, "alice")
     accounts = db.layout(SHOP, shop.namespace).table("accounts").identifier

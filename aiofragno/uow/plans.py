@@ -24,6 +24,7 @@ the operations, their checks and COMMIT share round trips:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -65,7 +66,7 @@ class CommitPlan(Protocol):
         ...
 
 
-class _InTransaction:
+class _InTransaction(ABC):
     """A plan that runs the phase in an explicit transaction, rolled back
     if anything fails before COMMIT. ``snapshot_lock``: see :meth:`begin`."""
 
@@ -85,9 +86,9 @@ class _InTransaction:
         statements = phase.statements
         return None if statements is None else statements.versionstamp(written)
 
+    @abstractmethod
     async def write_and_commit(self, phase: Phase) -> list[QueryResult]:
         """The operations, then the entry and COMMIT; the entry's results."""
-        raise NotImplementedError
 
     async def begin(self, phase: Phase) -> None:
         """Open the phase's transaction. With the outbox, at a snapshot

@@ -38,27 +38,49 @@ class CompiledQuery(NamedTuple):
     parameters: tuple[Any, ...] = ()
 
 
+V = TypeVar("V")
+
+
+class TextMemo(dict[str, V]):
+    """``compute(text)`` remembered per statement text: statements repeat,
+    and ``memo[text]`` for a text seen before is one dictionary look-up.
+    Bounded: texts over ``max_length`` characters are computed every time,
+    and the memo starts afresh once it holds ``max_size`` texts. (Each
+    dictionary operation is atomic, so threads may share one.)"""
+
+    def __init__(
+        self, compute: Callable[[str], V], max_size: int = 4096, max_length: int = 2000
+    ) -> None:
+        super().__init__()
+        self._compute = compute
+        self._max_size = max_size
+        self._max_length = max_length
+
+    def __missing__(self, text: str) -> V:
+        value = self._compute(text)
+        if len(text) <= self._max_length:
+            if len(self) >= self._max_size:
+                self.clear()
+            self[text] = value
+        return value
+
+
 _FIRST_WORD = re.compile(r"\s*([A-Za-z]+)")
-# Statement texts seen before and their first words: statements repeat (a
-# dictionary look-up costs less than the match). Bounded: at most 4096 texts
-# of up to 2,000 characters are remembered. (Shared by the SQLite backends'
-# threads: each dictionary operation is atomic.)
-_KEYWORDS: dict[str, str] = {}
+
+
+def _first_word(sql: str) -> str:
+    match = _FIRST_WORD.match(sql)
+    return match[1].lower() if match else ""
+
+
+_KEYWORDS = TextMemo(_first_word)
 
 
 def leading_keyword(sql: str) -> str:
     """The first word of statement ``sql``, lower-cased: what kind of
     statement it is ("select", "insert", ...). "" when it starts with
     something else, a comment for one (callers then assume the worst)."""
-    keyword = _KEYWORDS.get(sql)
-    if keyword is None:
-        match = _FIRST_WORD.match(sql)
-        keyword = match[1].lower() if match else ""
-        if len(sql) <= 2000:
-            if len(_KEYWORDS) >= 4096:
-                _KEYWORDS.clear()
-            _KEYWORDS[sql] = keyword
-    return keyword
+    return _KEYWORDS[sql]
 
 
 class Row(Mapping[str, Any]):

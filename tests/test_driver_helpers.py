@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from aiofragno.driver import DeferredBegin, leading_keyword
+from aiofragno.driver import DeferredBegin, TextMemo, leading_keyword
 
 
 @pytest.mark.parametrize(
@@ -51,3 +51,19 @@ def test_a_begin_never_sent_ends_without_a_statement() -> None:
     assert begin.drop() is True  # nothing ran: nothing to commit or roll back
     assert begin.pending is None
     assert begin.take() is None
+
+
+def test_a_text_memo_computes_once_and_stays_bounded() -> None:
+    calls: list[str] = []
+
+    def compute(text: str) -> int:
+        calls.append(text)
+        return len(text)
+
+    memo = TextMemo(compute, max_size=3, max_length=5)
+    assert [memo["ab"], memo["ab"], memo["abc"]] == [2, 2, 3]
+    assert calls == ["ab", "abc"]
+    assert memo["toolong"] == 7 and memo["toolong"] == 7  # computed each time, never kept
+    assert calls.count("toolong") == 2 and "toolong" not in memo
+    memo["x"], memo["y"]  # the fourth text starts the memo afresh
+    assert len(memo) == 1 and "y" in memo

@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from ..codec import fit_decimal, utc_instant
-from ..driver import IsolationLevel
+from ..driver import IsolationLevel, TextMemo
 from ..errors import ValidationError
 from ..sql import Json, json_text
 
@@ -79,24 +79,13 @@ class SessionChanges:
 
     __slots__ = ("_known", "_markers", "_plain")
 
-    # (Bounds the memory the remembered texts take: 4096 of up to 2,000 characters.)
-    _MAX_KNOWN = 4096
-    _MAX_KNOWN_LENGTH = 2000
-
     def __init__(self, plain: str, markers: tuple[str, ...] = ()) -> None:
         self._plain = re.compile(rf"\s*(?:{PLAIN_STATEMENTS}|{plain})\b")
         self._markers = tuple(re.compile(m) for m in (TEMPORARY_OBJECTS, *markers))
-        self._known: dict[str, bool] = {}
+        self._known = TextMemo(self._classify)
 
     def __call__(self, sql: str) -> bool:
-        if len(sql) > self._MAX_KNOWN_LENGTH:
-            return self._classify(sql)
-        known = self._known.get(sql)
-        if known is None:
-            if len(self._known) >= self._MAX_KNOWN:
-                self._known.clear()
-            known = self._known[sql] = self._classify(sql)
-        return known
+        return self._known[sql]
 
     def _classify(self, sql: str) -> bool:
         text = sql.lower()

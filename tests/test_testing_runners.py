@@ -79,7 +79,9 @@ def run_project(
     record.touch()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "AIOFRAGNO_"))}
     env |= {"PYTHONPATH": str(ROOT), "AF_DIALECT_URLS": json.dumps(urls), "AF_RECORD": str(record)}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
+    # -rN: no short summary, whose lines repeat messages up to the terminal's
+    # width, so counts of a message would depend on COLUMNS.
+    command = [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "no:cacheprovider", *args]
     if without:
         # No site-packages but a copy (of links) without those distributions.
         command[1:1] = ["-S"]

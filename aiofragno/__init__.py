@@ -42,9 +42,9 @@ from .errors import (
 from .migrate import MigrationResult
 from .outbox import Consumer, ConsumerHalted, DeadLetter, OutboxEntry
 from .schema import Column, Index, Reference, RowId, Schema, Table, varchar
-from .session import Transaction
 from .sql import Fragment, Identifier, Json, sql
 from .stats import Stats
+from .transaction import Transaction
 from .uow import ExponentialBackoff, FindResult, NoRetry, RetryPolicy, UnitOfWork, UowHooks, c
 from .url import ConnectOptions
 

@@ -28,10 +28,11 @@ from .migration_lock import DEFAULT_LOCK_TIMEOUT, check_lock_timeout
 from .naming import Layout, PhysicalNames, resolve_naming
 from .outbox import OutboxReader
 from .ownership import INTERNAL_TABLES
+from .queries import Queries
 from .schema import Schema, TableIdentity, _check_name
-from .session import Queries, TransactionContext
 from .sql import Fragment
-from .uow import execute_uow as run_uow
+from .transaction import TransactionContext
+from .uow import execute_uow
 from .uow.catalog import Catalog
 from .uow.executor import UowHooks
 from .uow.retry import RetryPolicy
@@ -167,7 +168,7 @@ class Database(Queries):
         attempt."""
         self._engine.check_open()
         check_isolation(isolation)
-        return await run_uow(
+        return await execute_uow(
             self._engine,
             self._catalog(schema, namespace),
             fn,
@@ -197,7 +198,7 @@ class Database(Queries):
         layout = self.layout(schema, namespace)
         engine = self._engine
         transactional = engine.adapter.capabilities.supports_transactional_ddl
-        session = await engine.checkout()
+        session = await engine.acquire()
         try:
             if transactional:
                 await session.begin(None)
@@ -214,7 +215,7 @@ class Database(Queries):
                 await session.commit()
             return result
         finally:
-            await engine.checkin(session)
+            await engine.release(session)
 
     async def migration_sql(self, schema: Schema, *, namespace: str | None = None) -> list[str]:
         """The statements ``migrate`` would run now, without running them."""
@@ -252,14 +253,14 @@ class Database(Queries):
             return False
         with runtime.move_on_after(self.options.connect_timeout):
             try:
-                session = await engine.checkout(wait=False)
+                session = await engine.acquire(wait=False)
                 try:
                     await session.connection.ping()
                     return True
                 except Exception:
                     session.broken = True
                 finally:
-                    await engine.checkin(session)
+                    await engine.release(session)
             except Error:
                 pass
         return False

@@ -33,10 +33,12 @@ from .errors import (
     ValidationError,
 )
 from .outbox.writer import OutboxStatements
+from .queries import Queries
 from .resilience import Deadline, retry_read, shared_deadline
-from .session import Queries, Session, TransactionContext, current_transaction
+from .session import Session
 from .sql import Fragment
 from .stats import Stats
+from .transaction import TransactionContext, current_transaction
 from .uow.plans import CommitPlan
 from .uow.plans import choose as choose_plan
 from .url import DatabaseURL, Options
@@ -142,7 +144,7 @@ class Engine(Queries):
         A statement that may change the session (see
         :attr:`DialectAdapter.session_changes`) gets its connection reset
         before reuse; one that leaves a transaction open is refused."""
-        session = await self.checkout()
+        session = await self.acquire()
         try:
             session.dirty = self.adapter.session_changes(compiled.sql)
             result = await session.execute(compiled)
@@ -156,9 +158,9 @@ class Engine(Queries):
                 )
             return result
         finally:
-            await self.checkin(session)
+            await self.release(session)
 
-    async def checkout(self, *, wait: bool = True) -> Session:
+    async def acquire(self, *, wait: bool = True) -> Session:
         """A connection from the pool, wrapped in a :class:`Session`. While the
         server is unreachable, retries until ``reconnect_deadline`` (``wait``)."""
         with shared_deadline(self.options.reconnect_deadline if wait else None) as deadline:
@@ -178,7 +180,7 @@ class Engine(Queries):
                     continue
                 return Session(connection, self.dialect.translate_error)
 
-    async def checkin(self, session: Session) -> None:
+    async def release(self, session: Session) -> None:
         """Return ``session``'s connection: reset it if an operation was
         interrupted, restore its session if that may have changed or the
         server still has a transaction open on it, discard it if it broke

@@ -605,7 +605,7 @@ async def test_connection_killed_outside_a_transaction_is_not_reused(
     pid_sql = af.sql(PID_SQL[dialect])
     async with af.connect(url, pool_size=1) as db:
         with anyio.fail_after(15):
-            session = await db._engine.checkout()
+            session = await db._engine.acquire()
             try:
                 pid = (await session.execute(db.compile(pid_sql))).rows[0][
                     "pg_backend_pid" if dialect == "postgresql" else "CONNECTION_ID()"
@@ -615,7 +615,7 @@ async def test_connection_killed_outside_a_transaction_is_not_reused(
                     await session.execute(db.compile(af.sql("SELECT 1")))
                 assert session.broken
             finally:
-                await db._engine.checkin(session)
+                await db._engine.release(session)
             assert await db.fetch_value(pid_sql) != pid
 
 

@@ -147,3 +147,18 @@ async def test_a_consumer_made_from_the_database_still_works(tmp_path: Path) -> 
             consumer = af.Consumer(db, "old-style")  # type: ignore[arg-type]
         assert await consumer.position() is None
         assert await consumer.position() == await db.outbox.consumer("old-style").position()
+
+
+def test_names_that_left_the_session_module_still_answer() -> None:
+    """``aiofragno.session`` held the transaction and the query methods; it
+    now holds the checked-out connection only. The old imports work, with a
+    warning naming the new place."""
+    import aiofragno.session as session
+    from aiofragno import queries, transaction
+
+    with pytest.deprecated_call(match="aiofragno.transaction.Transaction"):
+        assert session.Transaction is transaction.Transaction is af.Transaction
+    with pytest.deprecated_call(match="aiofragno.queries.Queries"):
+        assert session.Queries is queries.Queries
+    with pytest.raises(AttributeError):
+        session.Nothing  # noqa: B018

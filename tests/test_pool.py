@@ -1,6 +1,6 @@
 """The connection pool with real connections: the thread-based SQLite backend on
 a temporary file (under asyncio and trio), and PostgreSQL / MariaDB where a
-server runs. Connection identity is observed through ``db._engine.checkout()``."""
+server runs. Connection identity is observed through ``db._engine.acquire()``."""
 
 from __future__ import annotations
 
@@ -44,11 +44,11 @@ def lite(path: Path, **options: Any) -> af.Connect:
 
 async def connection_of(db: af.Database) -> Connection:
     """The connection the pool hands out next (returned straight away)."""
-    session = await db._engine.checkout()
+    session = await db._engine.acquire()
     try:
         return session.connection
     finally:
-        await db._engine.checkin(session)
+        await db._engine.release(session)
 
 
 def raw_is_closed(connection: Connection) -> bool:
@@ -125,21 +125,21 @@ async def test_max_lifetime_replaces_old_connections(path: Path) -> None:
 async def test_max_lifetime_counts_from_creation_not_release(path: Path) -> None:
     async with lite(path, pool_size=1, max_lifetime=0.3, max_idle=None) as db:
         first = await connection_of(db)
-        session = await db._engine.checkout()
+        session = await db._engine.acquire()
         assert session.connection is first
         await anyio.sleep(0.4)  # in use past its lifetime: not taken away meanwhile
         assert (await session.execute(db.compile(SELECT_1))).rows[0]["1"] == 1
-        await db._engine.checkin(session)
+        await db._engine.release(session)
         # Just released, but too old: replaced.
         assert await connection_of(db) is not first
 
 
 async def test_max_idle_counts_from_release(path: Path) -> None:
     async with lite(path, pool_size=1, max_idle=0.3, max_lifetime=None) as db:
-        session = await db._engine.checkout()
+        session = await db._engine.acquire()
         first = session.connection
         await anyio.sleep(0.4)  # busy, not idle
-        await db._engine.checkin(session)
+        await db._engine.release(session)
         assert await connection_of(db) is first  # idle only briefly
         await anyio.sleep(0.4)
         second = await connection_of(db)
@@ -165,7 +165,7 @@ async def test_memory_database_survives_idle_and_lifetime_limits() -> None:
 
 async def test_pool_timeout(path: Path) -> None:
     async with lite(path, pool_size=1, acquire_timeout=0.2) as db:
-        held = await db._engine.checkout()
+        held = await db._engine.acquire()
         try:
             started = anyio.current_time()
             with pytest.raises(af.PoolTimeout) as info:
@@ -177,16 +177,16 @@ async def test_pool_timeout(path: Path) -> None:
                 async with db.transaction():
                     pytest.fail("got a transaction without a connection")
         finally:
-            await db._engine.checkin(held)
+            await db._engine.release(held)
         # A timed-out wait took nothing: the slot is free again.
         assert await db.fetch_value(SELECT_1) == 1
-        session_a = await db._engine.checkout()
-        await db._engine.checkin(session_a)
+        session_a = await db._engine.acquire()
+        await db._engine.release(session_a)
 
 
 async def test_waiters_are_served_when_a_connection_comes_back(path: Path) -> None:
     async with lite(path, pool_size=1, acquire_timeout=5) as db:
-        held = await db._engine.checkout()
+        held = await db._engine.acquire()
         results: list[int] = []
 
         async def wait_for_one(i: int) -> None:
@@ -197,7 +197,7 @@ async def test_waiters_are_served_when_a_connection_comes_back(path: Path) -> No
                 tg.start_soon(wait_for_one, i)
             await anyio.wait_all_tasks_blocked()
             assert results == []
-            await db._engine.checkin(held)
+            await db._engine.release(held)
         assert sorted(results) == [0, 1, 2]
 
 
@@ -214,7 +214,7 @@ async def test_pool_never_exceeds_pool_size(path: Path) -> None:
 
         async def task(i: int) -> None:
             nonlocal active, peak
-            session = await db._engine.checkout()
+            session = await db._engine.acquire()
             try:
                 active += 1
                 peak = max(peak, active)
@@ -224,7 +224,7 @@ async def test_pool_never_exceeds_pool_size(path: Path) -> None:
                 await anyio.sleep(0.001)
             finally:
                 active -= 1
-                await db._engine.checkin(session)
+                await db._engine.release(session)
             # And the plain path, also concurrently.
             assert await db.fetch_value(af.sql("SELECT {i}", i=i)) == i
 
@@ -236,9 +236,9 @@ async def test_pool_never_exceeds_pool_size(path: Path) -> None:
         assert len(seen) <= size  # ... and never opened more than pool_size
         assert await db.fetch_value(af.sql("SELECT count(*) FROM hits")) == 100
         # Everything came back.
-        sessions = [await db._engine.checkout() for _ in range(size)]
+        sessions = [await db._engine.acquire() for _ in range(size)]
         for session in sessions:
-            await db._engine.checkin(session)
+            await db._engine.release(session)
 
 
 async def test_memory_database_has_one_connection() -> None:
@@ -259,10 +259,10 @@ async def test_memory_database_has_one_connection() -> None:
 
 async def test_close(path: Path) -> None:
     db = await lite(path, pool_size=2)
-    in_use = await db._engine.checkout()
-    idle_session = await db._engine.checkout()
+    in_use = await db._engine.acquire()
+    idle_session = await db._engine.acquire()
     idle = idle_session.connection
-    await db._engine.checkin(idle_session)
+    await db._engine.release(idle_session)
 
     await db.close()
     assert db.closed
@@ -274,12 +274,12 @@ async def test_close(path: Path) -> None:
     with pytest.raises(af.DatabaseClosed):
         await db.fetch_value(SELECT_1)
     with pytest.raises(af.DatabaseClosed):
-        await db._engine.checkout()
+        await db._engine.acquire()
     with pytest.raises(af.DatabaseClosed):
         async with db.transaction():
             pytest.fail("transaction on a closed Database")
 
-    await db._engine.checkin(in_use)  # ... and closed when it comes back
+    await db._engine.release(in_use)  # ... and closed when it comes back
     assert in_use.connection.is_closed and raw_is_closed(in_use.connection)
     await db.close()  # idempotent
 
@@ -298,7 +298,7 @@ async def test_transaction_open_at_close_finishes(path: Path) -> None:
 
 async def test_close_wakes_tasks_waiting_for_a_connection(path: Path) -> None:
     db = await lite(path, pool_size=1, acquire_timeout=5)
-    held = await db._engine.checkout()
+    held = await db._engine.acquire()
     outcomes: list[BaseException | int] = []
 
     async def waiter() -> None:
@@ -313,7 +313,7 @@ async def test_close_wakes_tasks_waiting_for_a_connection(path: Path) -> None:
                 tg.start_soon(waiter)
             await anyio.wait_all_tasks_blocked()
             await db.close()
-            await db._engine.checkin(held)
+            await db._engine.release(held)
     assert len(outcomes) == 3
     assert all(isinstance(o, af.DatabaseClosed) for o in outcomes), outcomes
     assert held.connection.is_closed
@@ -371,31 +371,31 @@ async def test_pool_release_with_discard(path: Path) -> None:
 
 async def _all_slots_usable(db: af.Database, size: int) -> None:
     with anyio.fail_after(3):
-        sessions = [await db._engine.checkout() for _ in range(size)]
+        sessions = [await db._engine.acquire() for _ in range(size)]
         for session in sessions:
             assert (await session.execute(db.compile(SELECT_1))).rows[0]["1"] == 1
         for session in sessions:
-            await db._engine.checkin(session)
+            await db._engine.release(session)
 
 
 async def test_cancelled_waiter_does_not_leak_a_slot(path: Path) -> None:
     size = 2
     async with lite(path, pool_size=size, acquire_timeout=0.5) as db:
-        held = [await db._engine.checkout() for _ in range(size)]
+        held = [await db._engine.acquire() for _ in range(size)]
         with anyio.move_on_after(0.1) as scope:
             async with anyio.create_task_group() as tg:
                 for _ in range(10):
                     tg.start_soon(db.fetch_value, SELECT_1)
         assert scope.cancelled_caught
         for session in held:
-            await db._engine.checkin(session)
+            await db._engine.release(session)
         await _all_slots_usable(db, size)
 
 
 async def test_waiter_cancelled_as_a_slot_is_handed_to_it(path: Path) -> None:
     size = 2
     async with lite(path, pool_size=size, acquire_timeout=0.5) as db:
-        held = [await db._engine.checkout() for _ in range(size)]
+        held = [await db._engine.acquire() for _ in range(size)]
         async with anyio.create_task_group() as tg:
             for _ in range(10):
                 tg.start_soon(db.fetch_value, SELECT_1)
@@ -403,7 +403,7 @@ async def test_waiter_cancelled_as_a_slot_is_handed_to_it(path: Path) -> None:
             # Hand both slots to waiters, then cancel every waiter before any
             # of them has run.
             for session in held:
-                await db._engine.checkin(session)
+                await db._engine.release(session)
             tg.cancel_scope.cancel()
         await _all_slots_usable(db, size)
 
@@ -412,10 +412,10 @@ async def test_cancelled_while_opening_a_connection(path: Path) -> None:
     size = 2
     async with lite(path, pool_size=size, acquire_timeout=0.5, max_idle=None) as db:
         # Empty the pool so the next acquires must open new connections.
-        sessions = [await db._engine.checkout() for _ in range(size)]
+        sessions = [await db._engine.acquire() for _ in range(size)]
         for session in sessions:
-            session.broken = True  # discarded on checkin
-            await db._engine.checkin(session)
+            session.broken = True  # discarded on release
+            await db._engine.release(session)
         for delay in (0, 0.0005, 0.001, 0.002, 0.005):
             with anyio.move_on_after(delay):
                 async with anyio.create_task_group() as tg:
@@ -522,7 +522,7 @@ async def test_postgresql_pool_timeout_and_close(pg: str) -> None:
     """The Pool's guarantee on a live server: a connection in use when the
     Database is closed keeps working until it is released, then is closed."""
     db = await af.connect(pg, pool_size=1, acquire_timeout=0.2)
-    held = await db._engine.checkout()
+    held = await db._engine.acquire()
     try:
         with pytest.raises(af.PoolTimeout):
             await db.fetch_value(SELECT_1)
@@ -533,5 +533,5 @@ async def test_postgresql_pool_timeout_and_close(pg: str) -> None:
         result = await held.execute(db.compile(af.sql("SELECT 5 AS five")))
         assert result.rows[0]["five"] == 5
     finally:
-        await db._engine.checkin(held)
+        await db._engine.release(held)
     assert held.connection.is_closed

@@ -32,7 +32,7 @@ from .tables import CONSUMERS_ID
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..session import Queries
+    from ..queries import Queries
 
 logger = logging.getLogger("aiofragno")
 

@@ -11,7 +11,7 @@ from .tables import OUTBOX_ID
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..session import Queries
+    from ..queries import Queries
 
 MAX_LIMIT = 10_000
 COLUMNS = Fragment.join(

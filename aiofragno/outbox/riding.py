@@ -23,7 +23,8 @@ from ..resilience import shared_deadline
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..session import Session, Transaction
+    from ..session import Session
+    from ..transaction import Transaction
 
 T = TypeVar("T")
 LOSSES = (ConnectionLost, DatabaseUnavailable)

@@ -22,7 +22,8 @@ from ..outbox.versionstamp import MAX_INDEX
 from ..outbox.writer import entry_values
 from ..resilience import Deadline, retry_read, shared_deadline
 from ..schema import new_external_id
-from ..session import Session, current_transaction
+from ..session import Session
+from ..transaction import current_transaction
 from .catalog import Catalog
 from .ops import Check, MutationOp
 from .outcomes import Outcome, classify
@@ -78,13 +79,13 @@ class HeldConnection:
 
     async def get(self) -> Session:
         if self.session is None:
-            self.session = await self.db.checkout()
+            self.session = await self.db.acquire()
         return self.session
 
     async def release(self) -> None:
         session, self.session = self.session, None
         if session is not None:
-            await self.db.checkin(session)
+            await self.db.release(session)
 
     async def read(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
         """The reads, in order — all again on a fresh connection if this one is

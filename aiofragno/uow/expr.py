@@ -14,7 +14,7 @@ from typing import Any
 
 from ..brief import brief
 from ..errors import ValidationError
-from .context import Compiling
+from .compiling import Compiling
 
 
 class Expr(ABC):

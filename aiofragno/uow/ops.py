@@ -26,7 +26,7 @@ from ..errors import ValidationError
 from ..schema import EXTERNAL_ID, INTERNAL_ID, VERSION, RowId, new_external_id
 from ..sqltext import SqlText
 from .catalog import Catalog, TableInfo
-from .context import Compiling, bind, row_id
+from .compiling import Compiling, bind, row_id
 from .expr import Expr, equalities, where_expr
 
 

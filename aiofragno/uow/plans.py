@@ -277,9 +277,9 @@ async def _write_runs(
 
 async def _rollback(session: Session) -> None:
     if not session.in_transaction or session.broken or session.interrupted:
-        return  # nothing to undo, or checkin resets/discards the connection
+        return  # nothing to undo, or release resets/discards the connection
     with runtime.shielded(runtime.CLEANUP_TIMEOUT):
         try:
             await session.rollback()
         except Exception:
-            session.broken = True  # discarded at checkin; the server rolls back
+            session.broken = True  # discarded at release; the server rolls back

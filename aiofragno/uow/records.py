@@ -21,12 +21,12 @@ from ..lost_session import end_session
 from ..migrate import SETTINGS_TABLE
 from ..outbox.tables import OUTBOX_ID, UNIT_KEYS_ID, VERSION_KEY
 from ..resilience import retry_read
-from ..session import outside_transactions
 from ..sql import Identifier, sql
+from ..transaction import outside_transactions
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..session import Queries
+    from ..queries import Queries
     from .unit import UnitOfWork
 
 # How long a lost session may take to end once asked to.

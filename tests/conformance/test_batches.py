@@ -38,11 +38,11 @@ async def table(db: af.Database, tables: Tables) -> af.Identifier:
 
 @pytest.fixture
 async def session(db: af.Database) -> AsyncIterator[Session]:
-    session = await db._engine.checkout()
+    session = await db._engine.acquire()
     try:
         yield session
     finally:
-        await db._engine.checkin(session)
+        await db._engine.release(session)
 
 
 def q(db: af.Database, template: str, **values: Any) -> CompiledQuery:

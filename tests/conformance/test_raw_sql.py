@@ -545,7 +545,7 @@ async def test_cancelling_a_commit_batch_before_its_commit_applies_nothing(
     the COMMIT, and the transaction is rolled back."""
     table = await make_table(db, tables, {"i": "integer"})
     started = anyio.current_time()
-    session = await db._engine.checkout()
+    session = await db._engine.acquire()
     try:
         await session.begin(None)
         with anyio.move_on_after(0.3) as scope:
@@ -557,7 +557,7 @@ async def test_cancelling_a_commit_batch_before_its_commit_applies_nothing(
             )
         assert scope.cancelled_caught
     finally:
-        await db._engine.checkin(session)
+        await db._engine.release(session)
     assert anyio.current_time() - started < 5, "cancellation must not wait for the query"
     assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 0
     await insert(db, table, {"i": 2})
@@ -573,7 +573,7 @@ async def test_a_commit_batch_stopped_part_way_leaves_the_transaction_open(
     inserts = [
         db.compile(af.sql("INSERT INTO {t} (i) VALUES ({i})", t=table, i=i)) for i in (1, 2, 3)
     ]
-    session = await db._engine.checkout()
+    session = await db._engine.acquire()
     try:
         await session.begin(None)
         results = await session.commit(inserts, lambda index, result: index == 1)
@@ -585,7 +585,7 @@ async def test_a_commit_batch_stopped_part_way_leaves_the_transaction_open(
         results = await session.commit(inserts, lambda index, result: result.rows_affected != 1)
         assert len(results) == 3 and not session.in_transaction
     finally:
-        await db._engine.checkin(session)
+        await db._engine.release(session)
     assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 3
 
 

@@ -268,12 +268,12 @@ async def test_session_locks_are_released_and_the_server_session_kept(
     async with db.transaction() as tx:
         assert await tx.fetch_value(free) in (True, 1)
     if solo.name == "mysql":
-        session = await solo._engine.checkout()
+        session = await solo._engine.acquire()
         try:
             server_session = session.connection.server_session
             thread = await session.execute(solo.compile(af.sql("SELECT CONNECTION_ID()")))
         finally:
-            await solo._engine.checkin(session)
+            await solo._engine.release(session)
         holder = await db.fetch_value(af.sql("SELECT IS_USED_LOCK({s})", s=server_session))
         assert holder == next(iter(thread.rows[0].values()))
 

@@ -198,12 +198,12 @@ async def test_a_later_connection_fails_at_once_too(tls_server: TLSServer, targe
     url = server_url(tls_server, "localhost")
     async with af.connect(url, backend=target.backend, pool_size=2, ssl=context) as db:
         assert db.options.reconnect_deadline == 30.0
-        held = await db._engine.checkout()
+        held = await db._engine.acquire()
         try:
             context.verify_mode = ssl.CERT_REQUIRED  # and no CA loaded: nothing verifies
             started = time.monotonic()
             with pytest.raises(af.TLSError, match=r"the given ssl\.SSLContext"):
-                await db._engine.checkout()
+                await db._engine.acquire()
             assert time.monotonic() - started < FAST
         finally:
-            await db._engine.checkin(held)
+            await db._engine.release(held)

@@ -150,15 +150,15 @@ async def test_operations_that_depend_on_each_other_run_one_by_one(
 
 
 async def test_no_ops_means_no_query(shop: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    checkouts = 0
-    original = shop.db._engine.checkout
+    acquired = 0
+    original = shop.db._engine.acquire
 
-    async def counting_checkout() -> Session:
-        nonlocal checkouts
-        checkouts += 1
+    async def counting_acquire() -> Session:
+        nonlocal acquired
+        acquired += 1
         return await original()
 
-    monkeypatch.setattr(shop.db._engine, "checkout", counting_checkout)
+    monkeypatch.setattr(shop.db._engine, "acquire", counting_acquire)
     statements: list[af.CompiledQuery] = []
     hooked: list[str] = []
 
@@ -172,7 +172,7 @@ async def test_no_ops_means_no_query(shop: Env, monkeypatch: pytest.MonkeyPatch)
         after_mutation=lambda uow: hooked.append("after"),
     )
     assert await shop.run(nothing, on_query=statements.append, hooks=hooks) == "nothing"
-    assert statements == [] and checkouts == 0 and hooked == []
+    assert statements == [] and acquired == 0 and hooked == []
 
 
 async def test_reads_of_one_retrieve_travel_as_one_statement(
@@ -266,15 +266,15 @@ async def test_dry_run_compiles_without_touching_the_database(
 ) -> None:
     ids = await seed_accounts(shop, "alice", "bob")
     before = await shop.snapshot()
-    checkouts = 0
-    original = shop.db._engine.checkout
+    acquired = 0
+    original = shop.db._engine.acquire
 
-    async def counting_checkout() -> Session:
-        nonlocal checkouts
-        checkouts += 1
+    async def counting_acquire() -> Session:
+        nonlocal acquired
+        acquired += 1
         return await original()
 
-    monkeypatch.setattr(shop.db._engine, "checkout", counting_checkout)
+    monkeypatch.setattr(shop.db._engine, "acquire", counting_acquire)
     statements: list[af.CompiledQuery] = []
 
     async def unit(uow: af.UnitOfWork) -> tuple[Any, ...]:
@@ -293,7 +293,7 @@ async def test_dry_run_compiles_without_touching_the_database(
     assert isinstance(new, af.RowId)
     kinds = [q.sql.lstrip().split()[0].upper() for q in statements]
     assert kinds == ["SELECT", "SELECT", "SELECT", "INSERT", "UPDATE", "DELETE", "SELECT"]
-    assert checkouts == 0
+    assert acquired == 0
     monkeypatch.undo()
     assert await shop.snapshot() == before
 

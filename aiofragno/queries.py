@@ -1,0 +1,66 @@
+"""The query methods (``fetch``, ``fetch_one``, ``fetch_value``,
+``execute``) shared by the Database, its engine and transactions."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TypeVar, overload
+
+from .driver import QueryResult, Row
+from .errors import UnexpectedType
+from .sql import Fragment
+
+T = TypeVar("T")
+
+
+class Queries(ABC):
+    """``fetch`` / ``fetch_one`` / ``fetch_value`` / ``execute`` over one
+    ``_run``; shared by :class:`~aiofragno.Database`, its engine and :class:`Transaction`.
+    Each takes an ``af.sql(...)`` fragment, never a str: values stay bound
+    parameters (anything else is a :class:`ValidationError` before any SQL is sent)."""
+
+    @abstractmethod
+    async def _run(self, query: Fragment) -> QueryResult:
+        """Run one ``af.sql`` query where this object runs queries."""
+
+    async def execute(self, query: Fragment) -> QueryResult:
+        """Run ``query`` (an ``af.sql`` fragment) and return its
+        :class:`QueryResult` (rows, ``rows_affected``, ``insert_id``)."""
+        return await self._run(query)
+
+    async def fetch(self, query: Fragment) -> list[Row]:
+        """All rows of ``query``."""
+        return (await self._run(query)).rows
+
+    async def fetch_one(self, query: Fragment) -> Row | None:
+        """The first row of ``query``, or None. (All rows are read; add
+        ``LIMIT 1`` to a query that could return many.)"""
+        rows = (await self._run(query)).rows
+        return rows[0] if rows else None
+
+    @overload
+    async def fetch_value(self, query: Fragment) -> object: ...
+
+    @overload
+    async def fetch_value(self, query: Fragment, kind: type[T]) -> T: ...
+
+    async def fetch_value(self, query: Fragment, kind: type[object] | None = None) -> object:
+        """The first column of the first row, or None when there is no row.
+        With ``kind`` (``fetch_value(query, int)``), the value must be an
+        instance of it, and is typed so: None (NULL, or no row) or a value
+        of another type is an :class:`UnexpectedType`."""
+        row = await self.fetch_one(query)
+        value = None if row is None else next(iter(row.values()))
+        if kind is None or isinstance(value, kind):
+            return value
+        raise _unexpected_type(value, kind, no_row=row is None)
+
+
+def _unexpected_type(value: object, kind: type[object], *, no_row: bool) -> UnexpectedType:
+    # The value's type only: the value itself may be personal data.
+    got = "no row" if no_row else "NULL" if value is None else f"a {type(value).__name__}"
+    return UnexpectedType(
+        f"fetch_value(query, {kind.__name__}) got {got}; make the query return a "
+        f"{kind.__name__} (COALESCE a NULL, CAST a value), or call fetch_value(query) "
+        "without a type to take whatever it returns, None included"
+    )

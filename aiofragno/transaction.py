@@ -1,0 +1,192 @@
+"""The user's transaction: ``async with db.transaction() as tx``, its
+savepoints, and which transaction a task is in."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from types import TracebackType
+from typing import Any, Protocol
+
+from . import runtime
+from .driver import CompiledQuery, DialectAdapter, IsolationLevel, QueryResult
+from .errors import Error, TransactionClosed
+from .queries import Queries
+from .session import Session
+from .sql import Fragment
+
+logger = logging.getLogger("aiofragno")
+
+
+class TransactionHost(Protocol):
+    """What a transaction needs of the engine it runs on
+    (:class:`aiofragno.engine.Engine`): its connections, and its dialect's
+    compiler and adapter."""
+
+    @property
+    def adapter(self) -> DialectAdapter: ...
+
+    def compile(self, query: Fragment) -> CompiledQuery: ...
+
+    def raw(self, text: str) -> Fragment: ...
+
+    async def acquire(self, *, wait: bool = True) -> Session: ...
+
+    async def release(self, session: Session) -> None: ...
+
+
+class Transaction(Queries):
+    """An open transaction: run queries in it, or nest a savepoint with
+    ``async with tx.transaction():``. Operations from several tasks sharing it
+    are serialized (one connection runs one statement at a time), and its
+    COMMIT or ROLLBACK waits for the one running. Once it has ended, using
+    it raises :class:`~aiofragno.errors.TransactionClosed`, and tasks that
+    were started inside it no longer join it."""
+
+    def __init__(self, db: TransactionHost, session: Session, outer: Transaction | None) -> None:
+        self.db = db
+        self.session = session
+        self.outer = outer  # the enclosing transaction in this context, of any Database
+        self.ended = False
+        # (A free lock is taken without a trip through the event loop; a
+        # pending cancellation is still raised before the statement is sent.)
+        self._lock = runtime.Lock(fast_acquire=True)
+
+    async def _run(self, query: Fragment) -> QueryResult:
+        compiled = self.db.compile(query)
+        async with self._lock:
+            if self.ended:
+                raise TransactionClosed(
+                    "this transaction has ended (committed or rolled back), and its connection "
+                    "went back to the pool; run the query on the Database, or in a new "
+                    "db.transaction()"
+                )
+            if self.db.adapter.session_changes(compiled.sql):
+                self.session.dirty = True  # reset when the transaction ends
+            return await self.session.execute(compiled)
+
+    async def _finish(self, end: Callable[[], Awaitable[Any]]) -> None:
+        """``end`` (COMMIT or ROLLBACK) once the statement another task may be
+        running in this transaction is done."""
+        async with self._lock:
+            await end()
+
+    def transaction(self) -> TransactionContext:
+        """A savepoint inside this transaction: rolled back alone on exception."""
+        return TransactionContext(self.db, None, parent=self)
+
+
+_current: ContextVar[Transaction | None] = ContextVar("aiofragno_transaction", default=None)
+
+
+def current_transaction(db: TransactionHost) -> Transaction | None:
+    """The innermost transaction of ``db`` open in this context, if any (a
+    task started inside a transaction inherits the context, and may outlive
+    the transaction)."""
+    tx = _current.get()
+    while tx is not None and (tx.db is not db or tx.ended):
+        tx = tx.outer
+    return tx
+
+
+@contextmanager
+def outside_transactions() -> Iterator[None]:
+    """Inside this block, queries and ``db.transaction()`` do not join a
+    transaction the caller has open: for aiofragno's own bookkeeping, whose
+    reads and locks must not become part of (and last as long as) the
+    caller's transaction."""
+    token = _current.set(None)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+class TransactionContext:
+    """``async with db.transaction() as tx``: commit on success, roll back on
+    exception. Inside an open transaction of the same Database (in this task or
+    its children), it becomes a savepoint instead."""
+
+    def __init__(
+        self,
+        db: TransactionHost,
+        isolation: IsolationLevel | None,
+        *,
+        parent: Transaction | None = None,
+    ) -> None:
+        self._db = db
+        self._isolation = isolation
+        self._parent = parent
+        self._tx: Transaction | None = None
+        self._savepoint: str | None = None
+        self._token: Any = None
+
+    async def __aenter__(self) -> Transaction:
+        parent = self._parent or current_transaction(self._db)
+        if parent is not None:
+            session = parent.session
+            session.savepoints += 1
+            self._savepoint = f"af_savepoint_{session.savepoints}"
+            await parent.execute(self._db.raw(f"SAVEPOINT {self._savepoint}"))
+            self._tx = parent
+            return parent
+        session = await self._db.acquire()
+        try:
+            await session.begin(self._isolation)
+        except BaseException:
+            await self._db.release(session)
+            raise
+        self._tx = Transaction(self._db, session, _current.get())
+        self._token = _current.set(self._tx)
+        return self._tx
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        tx = self._tx
+        assert tx is not None, "transaction context exited without being entered"
+        if self._savepoint is not None:
+            await self._end_savepoint(tx, failed=exc is not None)
+            return
+        _current.reset(self._token)
+        tx.ended = True  # (from now on, other tasks' statements are refused)
+        try:
+            if exc is None:
+                await tx._finish(tx.session.commit)
+            elif not (tx.session.broken or tx.session.interrupted):
+                # (An interrupted connection is reset or discarded by release.)
+                await _rollback_quietly(tx.session, lambda: tx._finish(tx.session.rollback))
+        finally:
+            await self._db.release(tx.session)
+
+    async def _end_savepoint(self, tx: Transaction, *, failed: bool) -> None:
+        name = self._savepoint
+        tx.session.savepoints -= 1
+        if not failed:
+            await tx.execute(self._db.raw(f"RELEASE SAVEPOINT {name}"))
+        elif not tx.session.broken:
+            await _rollback_quietly(
+                tx.session, lambda: tx.execute(self._db.raw(f"ROLLBACK TO SAVEPOINT {name}"))
+            )
+
+
+async def _rollback_quietly(session: Session, rollback: Callable[[], Awaitable[Any]]) -> None:
+    """Roll back while an exception is already propagating: a failure here must
+    not replace the caller's exception. The connection is then marked broken,
+    so it is discarded rather than reused."""
+    with runtime.shielded(runtime.CLEANUP_TIMEOUT) as scope:
+        try:
+            await rollback()
+        except Error as exc:
+            logger.warning("rollback failed; discarding the connection: %s", exc)
+            session.broken = True
+    if scope.cancelled_caught:
+        logger.warning(
+            "rollback timed out after %ss; discarding the connection", runtime.CLEANUP_TIMEOUT
+        )
+        session.broken = True

@@ -21,7 +21,6 @@ from .driver import (
 )
 from .engine import Engine, check_isolation
 from .errors import Error, ValidationError
-from .lost_session import end_session_reconnecting
 from .migrate import Ddl, MigrationResult
 from .migrate import migrate as run_migration
 from .migration_lock import DEFAULT_LOCK_TIMEOUT, check_lock_timeout
@@ -30,6 +29,7 @@ from .outbox import OutboxReader
 from .ownership import INTERNAL_TABLES
 from .queries import Queries
 from .schema import Schema, TableIdentity, _check_name
+from .server_sessions import end_server_session_reconnecting
 from .sql import Fragment
 from .transaction import TransactionContext
 from .uow import execute_uow
@@ -243,7 +243,7 @@ class Database(Queries):
         runs ``give_up_after`` seconds after it was asked to end (e.g. it belongs to a role this one may
         not end). Ending a session is allowed to its own role (PostgreSQL
         ``pg_terminate_backend``, MySQL ``KILL``); on SQLite this returns at once."""
-        await end_session_reconnecting(self._engine, server_session, give_up_after)
+        await end_server_session_reconnecting(self._engine, server_session, give_up_after)
 
     async def is_healthy(self) -> bool:
         """True if a connection answers a round trip within ``connect_timeout``.

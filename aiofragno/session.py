@@ -29,7 +29,11 @@ T = TypeVar("T")
 
 
 class Session:
-    """One connection checked out of the pool for one logical caller."""
+    """One connection acquired from the pool for one logical caller: the
+    client's side. (The server's side of a connection, its *server session*,
+    is named by :attr:`Connection.server_session
+    <aiofragno.driver.Connection.server_session>`; ending one that a broken
+    connection left behind is :mod:`aiofragno.server_sessions`' job.)"""
 
     __slots__ = (
         "broken",

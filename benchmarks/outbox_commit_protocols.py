@@ -17,7 +17,7 @@ does for a phase that combines: the write, the reservation and the entry as
 one statement outside any transaction, which commits on its own — one round
 trip, and the lock held only inside the server. (Sound because a lost
 connection's server session is ended before the executor looks for the
-unit's entry: :mod:`aiofragno.lost_session`.)
+unit's entry: :mod:`aiofragno.server_sessions`.)
 
 Each unit (but ``alone``): BEGIN, one account update, the protocol's outbox
 statements, COMMIT — at ``--tasks`` connections, with ``--client-us`` of CPU

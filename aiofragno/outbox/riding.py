@@ -18,8 +18,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import ConnectionLost, DatabaseUnavailable
-from ..lost_session import end_session_reconnecting
 from ..resilience import shared_deadline
+from ..server_sessions import end_server_session_reconnecting
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -77,4 +77,4 @@ class Attempt:
     async def end_lost_session(self) -> None:
         """Safe to call again (a session that has ended is not looked for twice)."""
         if self.session is not None and self.session.broken:
-            await end_session_reconnecting(self.db, self.session.connection.server_session)
+            await end_server_session_reconnecting(self.db, self.session.connection.server_session)

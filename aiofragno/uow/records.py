@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from ..codec import utc_now
 from ..driver import CompiledQuery
 from ..errors import AlreadyApplied, CommitOutcomeUnknown, ConnectionLost
-from ..lost_session import end_session
 from ..migrate import SETTINGS_TABLE
 from ..outbox.tables import OUTBOX_ID, UNIT_KEYS_ID, VERSION_KEY
 from ..resilience import retry_read
+from ..server_sessions import end_server_session
 from ..sql import Identifier, sql
 from ..transaction import outside_transactions
 
@@ -107,7 +107,7 @@ async def committed(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcome
     """Whether this call's mutation phase committed, after its connection
     broke during COMMIT (``lost``): its record exists (:mod:`.records`)
     with this call's ``nonce``. The lost server session is ended first
-    (:mod:`aiofragno.lost_session`), so nothing can commit the phase after
+    (:mod:`aiofragno.server_sessions`), so nothing can commit the phase after
     we looked; with the outbox, the counter row is locked as well, so a
     commit that finished just now is visible. All of it on connections of
     its own, even when the caller has a transaction open: held there, the
@@ -117,7 +117,7 @@ async def committed(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcome
     is unique); any other error means the outcome is still unknown."""
 
     async def look() -> bool:
-        await end_session(db, lost.server_session, END_SESSION_TIMEOUT)
+        await end_server_session(db, lost.server_session, END_SESSION_TIMEOUT)
         try:
             async with db.transaction() as tx:
                 if db.options.outbox:

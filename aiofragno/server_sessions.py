@@ -29,17 +29,17 @@ logger = logging.getLogger("aiofragno")
 POLL_INTERVAL = 0.01
 
 
-async def end_session_reconnecting(
+async def end_server_session_reconnecting(
     db: Engine, server_session: str | None, give_up_after: float = 30.0
 ) -> None:
-    """:func:`end_session`, run again on a fresh connection after its own
+    """:func:`end_server_session`, run again on a fresh connection after its own
     was lost, until ``reconnect_deadline`` (the look-up has no effects)."""
     await retry_read(
-        db.options.reconnect_deadline, lambda: end_session(db, server_session, give_up_after)
+        db.options.reconnect_deadline, lambda: end_server_session(db, server_session, give_up_after)
     )
 
 
-async def end_session(db: Engine, server_session: str | None, give_up_after: float) -> None:
+async def end_server_session(db: Engine, server_session: str | None, give_up_after: float) -> None:
     """Return once ``server_session`` no longer runs on ``db``'s server,
     having asked the server to end it. Returns at once for None, or on a
     database without server sessions (SQLite). Raises

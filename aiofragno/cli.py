@@ -26,11 +26,12 @@ from typing import Any
 
 import anyio
 
-from . import __version__, tagged_json
+from . import __version__
 from .bench import add_arguments as add_bench_arguments
 from .bench import cmd_bench as run_bench_command
 from .database import Database, connect
 from .errors import Error
+from .outbox.entry import OutboxEntry
 from .outbox.tables import CONSUMERS_ID, DEAD_LETTERS_ID
 from .outbox.versionstamp import check_versionstamp
 from .schema import Schema
@@ -115,18 +116,9 @@ def escape_controls(text: str) -> str:
     return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-def _entry_json(entry: Any) -> str:
+def _entry_json(entry: OutboxEntry) -> str:
     """One JSON line for ``entry``, safe to print to a terminal."""
-    text = tagged_json.dumps(
-        {
-            "versionstamp": entry.versionstamp,
-            "uow_id": entry.uow_id,
-            "created_at": entry.created_at,
-            "payload": entry.payload,
-            "ref_map": entry.ref_map,
-        }
-    )
-    return escape_controls(text)
+    return escape_controls(entry.to_json())
 
 
 async def cmd_outbox_tail(args: argparse.Namespace) -> None:

@@ -1,0 +1,192 @@
+"""The outbox relay on every backend and runtime, to the real NATS JetStream
+and Redis servers: every entry delivered once, in versionstamp order, the
+broker's messages exactly the outbox's entries; a relay cancelled in the
+middle of publishing, again and again, and restarted: nothing lost, nothing
+repeated (a JetStream consumer reading the stream sees each entry once).
+
+The outbox is shared by a whole database, so on PostgreSQL and MariaDB the
+module works in a database of its own (dropped at the end); SQLite gets a
+file per test. Each test relays from the outbox's newest entry before it
+wrote (``after=``), to a stream (or key) of its own, deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+import aiofragno as af
+from aiofragno.outbox.relay.bridge import BridgedSink
+from aiofragno.outbox.relay.run import relay as relay_to
+from aiofragno.runtime import current_runtime
+from tests.conformance.private_databases import PrivateDatabases
+from tests.conftest import Target, require_target
+from tests.relay_brokers import BROKERS, Broker, check_delivered, require_broker
+
+pytestmark = pytest.mark.anyio
+
+SCHEMA = af.Schema("relay", af.Table("events", af.Column("n", "bigint")))
+LIMIT = 60  # seconds: a hang fails the test instead of blocking the suite
+
+
+@pytest.fixture(scope="module")
+def private_databases() -> Iterator[PrivateDatabases]:
+    databases = PrivateDatabases()
+    yield databases
+    if databases.made:
+        anyio.run(databases.drop_all, backend="asyncio")
+
+
+@pytest.fixture(params=sorted(BROKERS))
+async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
+    require_broker(request.param)
+    made: Broker = BROKERS[request.param]()
+    await anyio.to_thread.run_sync(made.create)
+    yield made
+    await anyio.to_thread.run_sync(made.delete)
+
+
+class Source:
+    """An outbox-enabled database, the namespace a test writes in, and the
+    newest entry before it wrote."""
+
+    def __init__(self, db: af.Database, namespace: str, start: str | None) -> None:
+        self.db = db
+        self.namespace = namespace
+        self.start = start
+
+    async def write(self, units: int) -> None:
+        """``units`` units (8 at a time), each one outbox entry."""
+
+        async def unit(uow: af.UnitOfWork) -> None:
+            uow.create("events", {"n": 1})
+
+        async def writer(count: int) -> None:
+            for _ in range(count):
+                await self.db.execute_uow(unit, schema=SCHEMA, namespace=self.namespace)
+
+        async with anyio.create_task_group() as tg:
+            for w in range(8):
+                tg.start_soon(writer, units // 8 + (w < units % 8))
+
+    async def entries(self) -> list[af.OutboxEntry]:
+        found: list[af.OutboxEntry] = []
+        while page := await self.db.outbox.list(
+            after=found[-1].versionstamp if found else self.start, limit=1000
+        ):
+            found += page
+        return found
+
+
+@pytest.fixture
+async def source(
+    target: Target, tmp_path: Path, private_databases: PrivateDatabases
+) -> AsyncIterator[Source]:
+    require_target(target)
+    url = target.url(tmp_path)
+    if target.dialect != "sqlite":
+        url = await private_databases.url_for(target, url)
+    async with af.connect(url, backend=target.backend, outbox=True, pool_size=8) as db:
+        namespace = f"ns{uuid.uuid4().hex[:8]}"
+        await db.migrate(SCHEMA, namespace=namespace)
+        yield Source(db, namespace, await db.outbox.latest())
+
+
+async def check(broker: Broker, source: Source) -> list[af.OutboxEntry]:
+    """The broker holds exactly the entries written since ``source.start``,
+    whose versions are contiguous (the outbox is gap-free)."""
+    entries = await source.entries()
+    versions = [int(e.versionstamp[:20], 16) for e in entries]
+    assert versions == list(range(versions[0], versions[0] + len(versions)))
+    check_delivered(await anyio.to_thread.run_sync(broker.read), entries)
+    return entries
+
+
+async def test_every_entry_once_in_order_and_resumed_from_the_broker(
+    broker: Broker, source: Source
+) -> None:
+    """30 entries relayed in batches of 7; then 5 more by a new relay, which
+    starts after the broker's newest message (not ``after=``, which only
+    counts while the broker holds nothing)."""
+    await source.write(30)
+    with anyio.fail_after(LIMIT):
+        sink = broker.sink(max_in_flight=3)
+        count = await source.db.outbox.relay(
+            sink, after=source.start, batch_size=7, until_caught_up=True
+        )
+    assert count == 30
+    entries = await check(broker, source)
+    body = json.loads((await anyio.to_thread.run_sync(broker.read))[0].body)
+    assert body["uow_id"] == entries[0].uow_id
+    assert body["payload"]["mutations"][0]["values"] == {"n": 1}
+
+    await source.write(5)
+    with anyio.fail_after(LIMIT):
+        count = await source.db.outbox.relay(broker.sink(), after=None, until_caught_up=True)
+    assert count == 5
+    assert len(await check(broker, source)) == 35
+
+
+async def test_cancelled_while_publishing_then_restarted(broker: Broker, source: Source) -> None:
+    """A relay cancelled while a batch is on its way — twice, at different
+    points — and run again: every entry is in the broker exactly once, in
+    order. One message in flight at a time (NATS) and batches of 5 (Redis)
+    keep the relay slow enough to be caught mid-batch."""
+    total = 200
+    await source.write(total)
+    for stored_at_least in (15, 90):
+        seen = await cancel_when_stored(broker, source, stored_at_least)
+        assert stored_at_least <= seen < total, "the relay was not caught mid-way"
+    with anyio.fail_after(LIMIT):
+        count = await source.db.outbox.relay(
+            broker.sink(), after=source.start, until_caught_up=True
+        )
+    assert count == total - seen
+    assert len(await check(broker, source)) == total
+
+
+async def cancel_when_stored(broker: Broker, source: Source, at_least: int) -> int:
+    """Run a relay and cancel it as soon as the broker holds ``at_least``
+    entries; how many it holds then."""
+    watcher: af.BrokerSink = broker.sink()
+    if current_runtime() != "asyncio":
+        watcher = BridgedSink(watcher)
+    try:
+        with anyio.fail_after(LIMIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    lambda: relay_to(
+                        source.db._engine,
+                        broker.sink(max_in_flight=1),
+                        after=source.start,
+                        batch_size=200 if broker.name == "nats" else 5,
+                    )
+                )
+                while await stored(watcher, source) < at_least:  # noqa: ASYNC110 (polls a broker)
+                    await anyio.sleep(0.001)
+                tg.cancel_scope.cancel()
+        return await stored(watcher, source)
+    finally:
+        await watcher.close()
+
+
+async def stored(watcher: af.BrokerSink, source: Source) -> int:
+    last = await watcher.last_published()
+    entries = await source.entries()
+    return 0 if last is None else [e.versionstamp for e in entries].index(last) + 1
+
+
+async def test_a_stream_written_by_someone_else_is_refused(
+    broker: Broker, source: Source
+) -> None:
+    """The broker is the relay's cursor, so a stream whose newest message the
+    relay did not write is an error that says so, not a guess."""
+    await anyio.to_thread.run_sync(broker.add_foreign)
+    await source.write(1)
+    with pytest.raises(af.RelayError, match="did not write"):
+        await source.db.outbox.relay(broker.sink(), until_caught_up=True)

@@ -59,7 +59,9 @@ class Nats:
         return af.NatsSink(self.url, subject=self.subject, **options)
 
     def create(self) -> None:
-        asyncio.run(self._on_js(lambda js: js.add_stream(name=self.stream, subjects=[f"{self.stream}.>"])))
+        asyncio.run(
+            self._on_js(lambda js: js.add_stream(name=self.stream, subjects=[f"{self.stream}.>"]))
+        )
 
     def delete(self) -> None:
         asyncio.run(self._on_js(lambda js: js.delete_stream(self.stream)))

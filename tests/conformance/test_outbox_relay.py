@@ -181,9 +181,7 @@ async def stored(watcher: af.BrokerSink, source: Source) -> int:
     return 0 if last is None else [e.versionstamp for e in entries].index(last) + 1
 
 
-async def test_a_stream_written_by_someone_else_is_refused(
-    broker: Broker, source: Source
-) -> None:
+async def test_a_stream_written_by_someone_else_is_refused(broker: Broker, source: Source) -> None:
     """The broker is the relay's cursor, so a stream whose newest message the
     relay did not write is an error that says so, not a guess."""
     await anyio.to_thread.run_sync(broker.add_foreign)

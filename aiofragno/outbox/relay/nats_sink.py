@@ -111,13 +111,15 @@ class NatsSink:
         if self._last_seq is None:
             self._last_seq = (await js.stream_info(stream)).state.last_seq
         acks: list[_Ack] = []
+        # Acknowledgements are awaited a quarter window at a time, so that
+        # messages go out in bursts (one socket write each), not one by one.
+        step, settled = max(1, self.max_in_flight // 4), 0
         try:
             for n, entry in enumerate(entries):
-                if n >= self.max_in_flight:
-                    await self._settle(acks[n - self.max_in_flight])
+                if n - settled >= self.max_in_flight:
+                    settled = await self._settle(acks, settled, settled + step)
                 acks.append(await self._send(entry, stream, self._last_seq + n))
-            for ack in acks[-self.max_in_flight :]:
-                await self._settle(ack)
+            await self._settle(acks, settled, len(acks))
         except BaseException:
             self._last_seq = None  # read it again: part of the batch may be stored
             raise
@@ -144,15 +146,21 @@ class NatsSink:
         await self._nc.publish(subject, message_body(entry), reply=ack.token, headers=headers)
         return ack
 
-    async def _settle(self, ack: _Ack) -> None:
-        try:
-            await asyncio.wait_for(ack.done, self.ack_timeout)
-        except TimeoutError:
-            raise RelayError(
-                f"JetStream did not acknowledge {ack.versionstamp} within {self.ack_timeout}s"
-            ) from None
-        if ack.error is not None:
-            raise ack.error
+    async def _settle(self, acks: list[_Ack], start: int, end: int) -> int:
+        """Wait for ``acks[start:end]`` in order; raise the first failure's
+        error. Returns ``end``."""
+        for ack in acks[start:end]:
+            if not ack.done.done():
+                try:
+                    await asyncio.wait_for(ack.done, self.ack_timeout)
+                except TimeoutError:
+                    raise RelayError(
+                        f"JetStream did not acknowledge {ack.versionstamp} within "
+                        f"{self.ack_timeout}s"
+                    ) from None
+            if ack.error is not None:
+                raise ack.error
+        return end
 
     def _on_reply(self, message: Any) -> None:
         ack = self._acks.get(message.subject)
@@ -200,6 +208,8 @@ class _Ack:
 def _reply_error(message: Any, versionstamp: str) -> Exception | None:
     """None if ``message`` acknowledges the entry as stored (or as a
     duplicate of a stored one), else the error to raise."""
+    if message.data[:1] == b"{" and b'"error"' not in message.data:
+        return None  # {"stream": ..., "seq": ...}: stored (or a duplicate)
     headers = message.headers or {}
     if headers.get("Status") == "503":
         return RelayError(

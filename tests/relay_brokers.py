@@ -58,9 +58,15 @@ class Nats:
     def sink(self, **options: Any) -> af.NatsSink:
         return af.NatsSink(self.url, subject=self.subject, **options)
 
-    def create(self) -> None:
+    def create(self, duplicate_window: float = 120.0) -> None:
         asyncio.run(
-            self._on_js(lambda js: js.add_stream(name=self.stream, subjects=[f"{self.stream}.>"]))
+            self._on_js(
+                lambda js: js.add_stream(
+                    name=self.stream,
+                    subjects=[f"{self.stream}.>"],
+                    duplicate_window=duplicate_window,
+                )
+            )
         )
 
     def delete(self) -> None:

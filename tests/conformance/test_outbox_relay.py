@@ -21,12 +21,13 @@ import anyio
 import pytest
 
 import aiofragno as af
+from aiofragno.outbox.relay import OutOfStep
 from aiofragno.outbox.relay.bridge import BridgedSink
 from aiofragno.outbox.relay.run import relay as relay_to
 from aiofragno.runtime import current_runtime
 from tests.conformance.private_databases import PrivateDatabases
 from tests.conftest import Target, require_target
-from tests.relay_brokers import BROKERS, Broker, check_delivered, require_broker
+from tests.relay_brokers import BROKERS, Broker, Nats, check_delivered, require_broker
 
 pytestmark = pytest.mark.anyio
 
@@ -188,3 +189,53 @@ async def test_a_stream_written_by_someone_else_is_refused(broker: Broker, sourc
     await source.write(1)
     with pytest.raises(af.RelayError, match="did not write"):
         await source.db.outbox.relay(broker.sink(), until_caught_up=True)
+
+
+async def test_two_relays_at_once_publish_each_entry_once(broker: Broker, source: Source) -> None:
+    """Two relays on one stream (which the docs advise against) race for
+    every batch; the one that loses reads the broker again and carries on,
+    so the broker still holds each entry once, in order."""
+    await source.write(120)
+    with anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(
+                    lambda: source.db.outbox.relay(
+                        broker.sink(max_in_flight=4),
+                        after=source.start,
+                        batch_size=10,
+                        until_caught_up=True,
+                    )
+                )
+    assert len(await check(broker, source)) == 120
+
+
+async def test_nats_refuses_a_repeat_after_the_duplicate_window(source: Source) -> None:
+    """A sink whose view of the stream is stale (here: read before another
+    relay published) sends entries the stream already holds, after the
+    duplicate window has passed: the sequence check refuses them
+    (``OutOfStep``, on which the relay reads the stream again), so the
+    stream still holds each entry once."""
+    require_broker("nats")
+    broker = Nats()
+    await anyio.to_thread.run_sync(lambda: broker.create(duplicate_window=0.1))
+    try:
+        await source.write(6)
+        entries = await source.entries()
+        stale = broker.sink()
+        if current_runtime() != "asyncio":
+            stale = BridgedSink(stale)
+        try:
+            assert await stale.last_published() is None
+            with anyio.fail_after(LIMIT):
+                await source.db.outbox.relay(
+                    broker.sink(), after=source.start, until_caught_up=True
+                )
+            await anyio.sleep(0.3)  # past the duplicate window
+            with pytest.raises(OutOfStep, match="wrong last sequence"):
+                await stale.publish_batch(entries[:3])
+        finally:
+            await stale.close()
+        check_delivered(await anyio.to_thread.run_sync(broker.read), entries)
+    finally:
+        await anyio.to_thread.run_sync(broker.delete)

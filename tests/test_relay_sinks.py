@@ -39,13 +39,17 @@ def test_a_missing_client_names_the_extra(
 
 
 def test_sink_arguments_are_checked_when_given() -> None:
-    with pytest.raises(af.RelayError, match="subject"):
+    with pytest.raises(af.ValidationError, match="subject"):
         af.NatsSink(subject="")
-    with pytest.raises(af.RelayError, match="needs stream="):
+    with pytest.raises(af.ValidationError, match="needs stream="):
         af.NatsSink(subject=lambda entry: "s")
-    with pytest.raises(af.RelayError, match="max_in_flight"):
+    with pytest.raises(af.ValidationError, match="max_in_flight"):
         af.NatsSink(subject="s", max_in_flight=0)
-    with pytest.raises(af.RelayError, match="key"):
+    with pytest.raises(af.ValidationError, match="max_in_flight"):
+        af.NatsSink(subject="s", max_in_flight=True)
+    with pytest.raises(af.ValidationError, match="ack_timeout"):
+        af.NatsSink(subject="s", ack_timeout=float("nan"))
+    with pytest.raises(af.ValidationError, match="key"):
         af.RedisSink(key="")
 
 
@@ -58,7 +62,9 @@ def test_relay_arguments_are_checked_before_anything_runs(tmp_path: Path) -> Non
         anyio.run(lambda: relay(batch_size=0))
     with pytest.raises(af.ValidationError, match="after"):
         anyio.run(lambda: relay(after="nope"))
-    with pytest.raises(af.RelayError, match="BrokerSink"):
+    with pytest.raises(af.ValidationError, match="stop"):
+        anyio.run(lambda: relay(stop=42))
+    with pytest.raises(af.ValidationError, match="BrokerSink"):
         anyio.run(lambda: relay_to(tmp_path, object()))
 
 

@@ -27,6 +27,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...errors import ValidationError
+from ..consumer import MAX_SECONDS, _seconds
 from ..entry import OutboxEntry
 from ..versionstamp import check_versionstamp
 from .sink import OutOfStep, RelayError, message_body, missing_extra
@@ -61,16 +63,22 @@ class NatsSink:
         connect_options: dict[str, Any] | None = None,
     ) -> None:
         if not (isinstance(subject, str) and subject) and not callable(subject):
-            raise RelayError(f"subject must be a non-empty str or a function, got {subject!r}")
+            raise ValidationError(f"subject must be a non-empty str or a function, got {subject!r}")
         if callable(subject) and stream is None:
-            raise RelayError("a subject function needs stream= (the stream to resume from)")
-        if not isinstance(max_in_flight, int) or not 1 <= max_in_flight <= 65536:
-            raise RelayError(f"max_in_flight must be an int in 1..65536, got {max_in_flight!r}")
+            raise ValidationError("a subject function needs stream= (the stream to resume from)")
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
+            raise ValidationError(
+                f"max_in_flight must be an int in 1..65536, got {max_in_flight!r}"
+            )
+        if not 1 <= max_in_flight <= 65536:
+            raise ValidationError(
+                f"max_in_flight must be an int in 1..65536, got {max_in_flight!r}"
+            )
         self.servers = url.split(",") if isinstance(url, str) else list(url)
         self.subject = subject
         self.stream = stream
         self.max_in_flight = max_in_flight
-        self.ack_timeout = ack_timeout
+        self.ack_timeout = _seconds("ack_timeout", ack_timeout, 0.001, MAX_SECONDS)
         self.connect_options = connect_options or {}
         self._nc: Any = None
         self._js: Any = None
@@ -97,7 +105,7 @@ class NatsSink:
         stamp = (message.headers or {}).get("Nats-Msg-Id")
         try:
             return check_versionstamp(stamp, f"Nats-Msg-Id of message {last}")
-        except Exception:
+        except ValidationError:
             raise RelayError(
                 f"stream {stream!r} holds messages the relay did not write (sequence {last} "
                 f"has Nats-Msg-Id {stamp!r}): give the relay a stream of its own"
@@ -188,7 +196,7 @@ class NatsSink:
             except _nats().js.errors.NotFoundError:
                 raise RelayError(
                     f"no JetStream stream captures subject {self.subject!r}: create one "
-                    f"(e.g. `nats stream add --subjects {self.subject!r}`)"
+                    f"(e.g. `nats stream add NAME --subjects {self.subject!r}`)"
                 ) from None
         return self._js, self.stream
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ...errors import ValidationError
 from ..entry import OutboxEntry
 from ..versionstamp import MAX_INDEX, versionstamp
 from .sink import RelayError, message_body, missing_extra
@@ -64,7 +65,7 @@ class RedisSink:
         client_options: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(key, str) or not key:
-            raise RelayError(f"key must be a non-empty str, got {key!r}")
+            raise ValidationError(f"key must be a non-empty str, got {key!r}")
         self.url = url
         self.key = key
         self.client_options = client_options or {}
@@ -85,7 +86,7 @@ class RedisSink:
             raise RelayError(f"cannot read Redis stream {self.key!r}: {exc}") from exc
         last = _text(info["last-generated-id"])
         newest = info.get("last-entry")
-        if newest and b"entry" not in newest[1]:
+        if newest and not {b"entry", "entry"} & set(newest[1]):
             raise self._foreign(_text(newest[0]))
         return None if last == "0-0" else self._stamp(last)
 

@@ -15,11 +15,12 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ... import runtime
+from ...errors import ValidationError
 from ..consumer import MAX_SECONDS, Stop, _flag, _seconds, _stopped
 from ..queries import check_limit, read_entries
 from ..riding import ride_out
 from ..versionstamp import check_versionstamp
-from .sink import BrokerSink, OutOfStep, RelayError
+from .sink import BrokerSink, OutOfStep
 
 if TYPE_CHECKING:
     from ...engine import Engine
@@ -42,8 +43,10 @@ async def relay(
     until_caught_up = _flag("until_caught_up", until_caught_up)
     if after is not None:
         check_versionstamp(after, "after")
+    if not (stop is None or isinstance(stop, runtime.Event) or callable(stop)):
+        raise ValidationError(f"stop must be an Event, a callable or None, got {stop!r}")
     if not isinstance(sink, BrokerSink):
-        raise RelayError(f"sink must be a BrokerSink (NatsSink, RedisSink...), got {sink!r}")
+        raise ValidationError(f"sink must be a BrokerSink (NatsSink, RedisSink...), got {sink!r}")
     if sink.asyncio_only and runtime.current_runtime() != "asyncio":
         from .bridge import BridgedSink
 

@@ -239,3 +239,17 @@ async def test_nats_refuses_a_repeat_after_the_duplicate_window(source: Source) 
         check_delivered(await anyio.to_thread.run_sync(broker.read), entries)
     finally:
         await anyio.to_thread.run_sync(broker.delete)
+
+
+async def test_a_stream_ahead_of_the_outbox_is_refused(
+    broker: Broker, source: Source, tmp_path: Path
+) -> None:
+    """A stream whose newest entry this outbox does not hold (another
+    database's stream, or a database restored from an older backup) is an
+    error: resuming after it would skip the entries that reuse its versions."""
+    await source.write(3)
+    await source.db.outbox.relay(broker.sink(), after=source.start, until_caught_up=True)
+    async with af.connect(f"sqlite:///{tmp_path}/other.db", outbox=True) as other:
+        await other.migrate(SCHEMA)
+        with pytest.raises(af.RelayError, match="is not in this database's outbox"):
+            await other.outbox.relay(broker.sink(), until_caught_up=True)

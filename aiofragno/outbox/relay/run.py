@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING
 
 from ... import runtime
 from ...errors import ValidationError
+from ...sql import Identifier, sql
 from ..consumer import MAX_SECONDS, Stop, _flag, _seconds, _stopped
 from ..queries import check_limit, read_entries
 from ..riding import ride_out
+from ..tables import OUTBOX_ID
 from ..versionstamp import check_versionstamp
-from .sink import BrokerSink, OutOfStep
+from .sink import BrokerSink, OutOfStep, RelayError
 
 if TYPE_CHECKING:
     from ...engine import Engine
@@ -67,8 +69,20 @@ class _Relay:
         self.published = 0
 
     async def resume_point(self) -> str | None:
+        """After the broker's newest entry, which must be in the outbox: if
+        it is not (the relay points at another database's stream, or the
+        database was restored from before it), entries reusing its
+        versions would be skipped."""
         last = await self.sink.last_published()
-        return self.after if last is None else last
+        if last is None:
+            return self.after
+        if not await ride_out(self.db, "the outbox relay", partial(_in_outbox, self.db, last)):
+            raise RelayError(
+                f"the broker's newest entry, {last}, is not in this database's outbox: "
+                "is the relay pointed at the right stream (or was the database restored "
+                "from a backup older than the stream)?"
+            )
+        return last
 
     async def run(self, poll_interval: float, until_caught_up: bool, stop: Stop) -> int:
         cursor = await self.resume_point()
@@ -91,3 +105,13 @@ class _Relay:
                     break
                 await runtime.sleep(poll_interval)
         return self.published
+
+
+async def _in_outbox(db: Engine, stamp: str) -> bool:
+    query = sql(
+        "SELECT 1 FROM {t} WHERE {vs} = {stamp}",
+        t=OUTBOX_ID,
+        vs=Identifier("versionstamp"),
+        stamp=stamp,
+    )
+    return await db.fetch_value(query) is not None

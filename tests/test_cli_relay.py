@@ -5,6 +5,7 @@ Streams) ends up holding every outbox entry exactly once, in order."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -82,7 +83,9 @@ def test_relay_killed_mid_batch_then_run_again(broker: Broker, tmp_path: Path) -
 
     done = run(*args, "--until-caught-up")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f'{{"published": {TOTAL - stored}}}'
+    # (What the killed process had already written to its socket may be
+    # stored after ``stored`` was read; the second run starts after it.)
+    assert 0 < json.loads(done.stdout)["published"] <= TOTAL - stored
     check_delivered(broker.read(), entries)
 
 

@@ -147,16 +147,25 @@ async def test_cancelled_while_publishing_then_restarted(broker: Broker, source:
         count = await source.db.outbox.relay(
             broker.sink(), after=source.start, until_caught_up=True
         )
-    assert count == total - seen
+    # (A message the cancelled relay had sent may be stored after ``seen``
+    # was read: Redis runs a script whose caller went away, NATS takes what
+    # the closing connection flushes. The restart starts after it.)
+    assert 0 < count <= total - seen
     assert len(await check(broker, source)) == total
 
 
 async def cancel_when_stored(broker: Broker, source: Source, at_least: int) -> int:
     """Run a relay and cancel it as soon as the broker holds ``at_least``
     entries; how many it holds then."""
+    stamps = [e.versionstamp for e in await source.entries()]
     watcher: af.BrokerSink = broker.sink()
     if current_runtime() != "asyncio":
         watcher = BridgedSink(watcher)
+
+    async def stored() -> int:
+        last = await watcher.last_published()
+        return 0 if last is None else stamps.index(last) + 1
+
     try:
         with anyio.fail_after(LIMIT):
             async with anyio.create_task_group() as tg:
@@ -168,18 +177,12 @@ async def cancel_when_stored(broker: Broker, source: Source, at_least: int) -> i
                         batch_size=200 if broker.name == "nats" else 5,
                     )
                 )
-                while await stored(watcher, source) < at_least:  # noqa: ASYNC110 (polls a broker)
-                    await anyio.sleep(0.001)
+                while await stored() < at_least:
+                    pass  # (each look is a round trip to the broker)
                 tg.cancel_scope.cancel()
-        return await stored(watcher, source)
+        return await stored()
     finally:
         await watcher.close()
-
-
-async def stored(watcher: af.BrokerSink, source: Source) -> int:
-    last = await watcher.last_published()
-    entries = await source.entries()
-    return 0 if last is None else [e.versionstamp for e in entries].index(last) + 1
 
 
 async def test_a_stream_written_by_someone_else_is_refused(broker: Broker, source: Source) -> None:

@@ -33,6 +33,7 @@ class Message:
 
     id: str  # Nats-Msg-Id, or the versionstamp of the Redis stream ID
     body: bytes
+    subject: str  # NATS: the message's subject; Redis: the key
 
 
 class Broker(Protocol):
@@ -87,7 +88,7 @@ class Nats:
         try:
             while len(found) < expected:
                 batch = await subscription.fetch(min(500, expected - len(found)), timeout=5)
-                found += [Message(m.headers["Nats-Msg-Id"], m.data) for m in batch]
+                found += [Message(m.headers["Nats-Msg-Id"], m.data, m.subject) for m in batch]
             return found
         finally:
             await subscription.unsubscribe()
@@ -132,7 +133,8 @@ class Redis:
         found = []
         for stream_id, fields in await client.xrange(self.subject, "-", "+"):
             version, index = stream_id.decode().split("-")
-            found.append(Message(versionstamp(int(version), int(index)), fields[b"entry"]))
+            stamp = versionstamp(int(version), int(index))
+            found.append(Message(stamp, fields[b"entry"], self.subject))
         return found
 
     async def _on_client(self, use: Any) -> Any:

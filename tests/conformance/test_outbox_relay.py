@@ -256,3 +256,34 @@ async def test_a_stream_ahead_of_the_outbox_is_refused(
         await other.migrate(SCHEMA)
         with pytest.raises(af.RelayError, match="is not in this database's outbox"):
             await other.outbox.relay(broker.sink(), until_caught_up=True)
+
+
+async def test_nats_subject_per_entry_keeps_each_subjects_order(source: Source) -> None:
+    """``subject`` as a function of the entry (here: odd and even commit
+    versions on two subjects of one stream): each subject gets its entries in
+    versionstamp order, the stream as a whole the outbox's order, and a new
+    relay resumes after the stream's newest message, whichever subject."""
+    require_broker("nats")
+    broker = Nats()
+    await anyio.to_thread.run_sync(broker.create)
+
+    def subject(entry: af.OutboxEntry) -> str:
+        return f"{broker.stream}.v{int(entry.versionstamp[:20], 16) % 2}"
+
+    try:
+        await source.write(10)
+        counts = []
+        for _ in range(2):  # the second run resumes: nothing new to send
+            sink = af.NatsSink(broker.url, subject=subject, stream=broker.stream)
+            with anyio.fail_after(LIMIT):
+                counts.append(
+                    await source.db.outbox.relay(sink, after=source.start, until_caught_up=True)
+                )
+        assert counts == [10, 0]
+        entries = await source.entries()
+        messages = await anyio.to_thread.run_sync(broker.read)
+        check_delivered(messages, entries)
+        assert {m.subject for m in messages} == {f"{broker.stream}.v0", f"{broker.stream}.v1"}
+        assert [m.subject for m in messages] == [subject(e) for e in entries]
+    finally:
+        await anyio.to_thread.run_sync(broker.delete)

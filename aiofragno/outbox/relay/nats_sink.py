@@ -66,11 +66,11 @@ class NatsSink:
             raise ValidationError(f"subject must be a non-empty str or a function, got {subject!r}")
         if callable(subject) and stream is None:
             raise ValidationError("a subject function needs stream= (the stream to resume from)")
-        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
-            raise ValidationError(
-                f"max_in_flight must be an int in 1..65536, got {max_in_flight!r}"
-            )
-        if not 1 <= max_in_flight <= 65536:
+        if (
+            isinstance(max_in_flight, bool)
+            or not isinstance(max_in_flight, int)
+            or not 1 <= max_in_flight <= 65536
+        ):
             raise ValidationError(
                 f"max_in_flight must be an int in 1..65536, got {max_in_flight!r}"
             )

@@ -11,6 +11,7 @@ sent twice.
 
 from __future__ import annotations
 
+import contextlib
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -54,10 +55,17 @@ async def relay(
 
         sink = BridgedSink(sink)
     try:
-        return await _Relay(db, sink, batch_size, after).run(poll_interval, until_caught_up, stop)
-    finally:
-        with runtime.shielded(runtime.CLEANUP_TIMEOUT):
+        published = await _Relay(db, sink, batch_size, after).run(
+            poll_interval, until_caught_up, stop
+        )
+    except BaseException:
+        # (A failure to close must not hide why the relay stopped.)
+        with runtime.shielded(runtime.CLEANUP_TIMEOUT), contextlib.suppress(Exception):
             await sink.close()
+        raise
+    with runtime.shielded(runtime.CLEANUP_TIMEOUT):
+        await sink.close()
+    return published
 
 
 class _Relay:

@@ -142,6 +142,10 @@ class NatsSink:
         if nc is not None:
             await nc.close()
 
+    # Not nats-py's js.publish_async: up to 2.16 at least, a refused message
+    # (e.g. a failed sequence check) raises inside its reply handler and
+    # leaves the message's future pending for ever. So: plain publishes with
+    # a reply subject of this sink's own, and the replies matched here.
     async def _send(self, entry: OutboxEntry, stream: str, after: int) -> _Ack:
         ack = _Ack(f"{self._inbox}.{next(self._tokens)}", entry.versionstamp)
         self._acks[ack.token] = ack

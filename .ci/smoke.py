@@ -7,6 +7,8 @@ venv's site-packages must be what is imported).
 Checks: ``sqlite`` (stdlib backend), ``aiosqlite``, ``trio`` (SQLite under
 trio), ``postgresql``, ``mysql`` (the shared CI servers), ``cli`` (the demo,
 which draws with rich), ``otel`` (a unit of work in aiofragno.otel's span), ``missing:DIALECT`` (connecting says which extra to
+install), ``relay:BROKER`` (an entry relayed to the shared ``nats`` or
+``redis`` server), ``relay-missing:BROKER`` (relaying says which extra to
 install). Every run also checks the import, ``aiofragno --version`` and that
 pytest starts with the plugin loaded, when pytest is installed.
 """
@@ -98,6 +100,52 @@ def check_pytest_starts() -> None:
         assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout + result.stderr
 
 
+async def relayed(broker: str, url: str) -> None:
+    """One unit's entry relayed to a stream (key) of its own, then removed."""
+    name = f"smoke_{os.getpid()}"
+    async with af.connect(url, outbox=True) as db:
+        await db.migrate(LEDGER)
+        await db.execute_uow(_note, schema=LEDGER)
+        if broker == "nats":
+            import nats
+
+            nc = await nats.connect("nats://127.0.0.1:4222")
+            js = nc.jetstream()
+            await js.add_stream(name=name, subjects=[name])
+            try:
+                sink: af.BrokerSink = af.NatsSink(subject=name)
+                assert await db.outbox.relay(sink, until_caught_up=True) == 1
+                assert (await js.stream_info(name)).state.messages == 1
+            finally:
+                await js.delete_stream(name)
+                await nc.close()
+        else:
+            sink = af.RedisSink(key=name)
+            try:
+                assert await db.outbox.relay(sink, until_caught_up=True) == 1
+            finally:
+                import redis.asyncio
+
+                client = redis.asyncio.Redis()
+                assert await client.delete(name) == 1
+                await client.aclose()
+
+
+async def _note(uow: af.UnitOfWork) -> None:
+    uow.create("notes", {"text": "relayed"})
+
+
+async def relay_refused(broker: str, url: str) -> None:
+    sink = af.NatsSink(subject="x") if broker == "nats" else af.RedisSink(key="x")
+    async with af.connect(url, outbox=True) as db:
+        try:
+            await db.outbox.relay(sink, until_caught_up=True)
+        except af.RelayError as exc:
+            assert f"pip install 'aiofragno[{broker}]'" in str(exc), exc
+        else:
+            raise AssertionError(f"relayed to {broker} without its client installed")
+
+
 def run(check: str, tmp: str) -> None:
     sqlite_url = f"sqlite:///{tmp}/{check.replace(':', '_')}.db"
     if check == "sqlite":
@@ -118,6 +166,10 @@ def run(check: str, tmp: str) -> None:
         anyio.run(traced, sqlite_url)
     elif check.startswith("missing:"):
         anyio.run(refused, check.partition(":")[2])
+    elif check.startswith("relay:"):
+        anyio.run(relayed, check.partition(":")[2], sqlite_url)
+    elif check.startswith("relay-missing:"):
+        anyio.run(relay_refused, check.partition(":")[2], sqlite_url)
     else:
         raise SystemExit(f"unknown check {check!r}")
 

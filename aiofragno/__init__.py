@@ -40,7 +40,16 @@ from .errors import (
     WrongEventLoop,
 )
 from .migrate import MigrationResult
-from .outbox import Consumer, ConsumerHalted, DeadLetter, OutboxEntry
+from .outbox import (
+    BrokerSink,
+    Consumer,
+    ConsumerHalted,
+    DeadLetter,
+    NatsSink,
+    OutboxEntry,
+    RedisSink,
+    RelayError,
+)
 from .schema import Column, Index, Reference, RowId, Schema, Table, varchar
 from .sql import Fragment, Identifier, Json, sql
 from .stats import Stats
@@ -53,6 +62,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AlreadyApplied",
     "BackendNotInstalled",
+    "BrokerSink",
     "CheckViolation",
     "Column",
     "CommitOutcomeUnknown",
@@ -82,6 +92,7 @@ __all__ = [
     "LockTimeout",
     "MigrationError",
     "MigrationResult",
+    "NatsSink",
     "NoRetry",
     "NotNullViolation",
     "OutboxEntry",
@@ -89,7 +100,9 @@ __all__ = [
     "ProgrammingError",
     "QueryCanceled",
     "QueryResult",
+    "RedisSink",
     "Reference",
+    "RelayError",
     "RetryPolicy",
     "Row",
     "RowId",

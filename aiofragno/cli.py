@@ -4,6 +4,7 @@
     aiofragno migrate --url URL module:attr [--namespace NS] [--dry-run]
     aiofragno outbox tail --url URL [--after VS] [--follow]
     aiofragno outbox consumers --url URL
+    aiofragno outbox relay --url URL --to BROKER_URL --subject SUBJECT [--until-caught-up]
     aiofragno doctor --url URL
     aiofragno bench [--url URL] [--units N] [--concurrency C] [--outbox] [--compare raw,sqlalchemy]
     aiofragno --version
@@ -26,11 +27,13 @@ from typing import Any
 
 import anyio
 
-from . import __version__, tagged_json
+from . import __version__
 from .bench import add_arguments as add_bench_arguments
 from .bench import cmd_bench as run_bench_command
 from .database import Database, connect
 from .errors import Error
+from .outbox.entry import OutboxEntry
+from .outbox.relay import sink_for_url
 from .outbox.tables import CONSUMERS_ID, DEAD_LETTERS_ID
 from .outbox.versionstamp import check_versionstamp
 from .schema import Schema
@@ -115,18 +118,9 @@ def escape_controls(text: str) -> str:
     return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-def _entry_json(entry: Any) -> str:
+def _entry_json(entry: OutboxEntry) -> str:
     """One JSON line for ``entry``, safe to print to a terminal."""
-    text = tagged_json.dumps(
-        {
-            "versionstamp": entry.versionstamp,
-            "uow_id": entry.uow_id,
-            "created_at": entry.created_at,
-            "payload": entry.payload,
-            "ref_map": entry.ref_map,
-        }
-    )
-    return escape_controls(text)
+    return escape_controls(entry.to_json())
 
 
 async def cmd_outbox_tail(args: argparse.Namespace) -> None:
@@ -143,6 +137,25 @@ async def cmd_outbox_tail(args: argparse.Namespace) -> None:
             if len(entries) < 1000:
                 return
             after = entries[-1].versionstamp
+
+
+async def cmd_outbox_relay(args: argparse.Namespace) -> None:
+    after = None if args.after is None else check_versionstamp(args.after, "--after")
+    options: dict[str, Any] = {}
+    if args.stream is not None:
+        options["stream"] = args.stream
+    if args.max_in_flight is not None:
+        options["max_in_flight"] = args.max_in_flight
+    sink = sink_for_url(args.to, args.subject, **options)
+    async with connect(_url(args)) as db:
+        published = await db.outbox.relay(
+            sink,
+            batch_size=args.batch_size,
+            poll_interval=args.poll,
+            until_caught_up=args.until_caught_up,
+            after=after,
+        )
+    print(json.dumps({"published": published}))
 
 
 async def cmd_outbox_consumers(args: argparse.Namespace) -> None:
@@ -281,6 +294,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --follow: seconds between reads when there is nothing new (default: 0.5)",
     )
     command("consumers", cmd_outbox_consumers, "cursor, lag and dead letters per consumer", outbox)
+    relay = command(
+        "relay", cmd_outbox_relay, "publish entries to NATS JetStream or Redis Streams", outbox
+    )
+    relay.add_argument(
+        "--to", required=True, help="the broker: nats://HOST:4222 or redis://HOST:6379/0"
+    )
+    relay.add_argument(
+        "--subject", required=True, help="the NATS subject, or the Redis stream's key"
+    )
+    relay.add_argument("--stream", help="NATS: the stream (default: the one capturing --subject)")
+    relay.add_argument(
+        "--max-in-flight",
+        type=int,
+        help="NATS: messages awaiting acknowledgement at once (default: 256)",
+    )
+    relay.add_argument(
+        "--batch-size", type=int, default=1000, help="entries read at a time (default: 1000)"
+    )
+    relay.add_argument(
+        "--after", help="start after this versionstamp while the broker holds no entry yet"
+    )
+    relay.add_argument(
+        "--until-caught-up", action="store_true", help="stop once every entry is published"
+    )
+    relay.add_argument(
+        "--poll",
+        type=float,
+        default=0.5,
+        help="seconds between reads when there is nothing new (default: 0.5)",
+    )
     command("doctor", cmd_doctor, "connectivity, versions, capabilities, pool settings")
     bench = command("bench", cmd_bench, "the transfer workload: units/s, latency, conflicts")
     add_bench_arguments(bench)

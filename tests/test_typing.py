@@ -75,6 +75,14 @@ async def transfer(uow: af.UnitOfWork) -> af.RowId:
         raise LookupError("no such account")
     uow.update("accounts", acc_a["id"], {"balance": acc_a["balance"] - 5}, check=True)
     return uow.create("transfers", {"src": acc_a["id"], "dst": acc_b["id"], "n": n.result + 1})
+
+
+async def relaying(db: af.Database) -> None:
+    sink: af.BrokerSink = af.NatsSink("nats://127.0.0.1:4222", subject="shop", max_in_flight=64)
+    assert_type(await db.outbox.relay(sink, until_caught_up=True), int)
+    await db.outbox.relay(af.RedisSink(key="shop"), batch_size=500, after=None)
+    by_table = af.NatsSink(subject=lambda e: f"shop.{e.mutations[0]['table']}", stream="SHOP")
+    await db.outbox.relay(by_table, stop=lambda: False)
 """
 
 # Each marked line must be an error containing the marker's text.
@@ -108,6 +116,13 @@ async def reads(uow: af.UnitOfWork) -> None:
     await uow.retrieve()
     first.result["id"]  # E: "dict[str, Any] | None" is not indexable
     n.result + "1"  # E: Unsupported operand types for + ("int" and "str")
+
+
+async def relaying(db: af.Database) -> None:
+    af.NatsSink("nats://127.0.0.1:4222")  # E: Missing named argument "subject"
+    af.RedisSink(key="k", max_in_flight=8)  # E: Unexpected keyword argument "max_in_flight"
+    await db.outbox.relay(object())  # E: Argument 1 to "relay" of "OutboxReader" has incompatible type "object"
+    await db.outbox.relay(af.RedisSink(key="k"), after=1)  # E: "after" to "relay" of "OutboxReader" has incompatible type "int"
 """
 
 MARK = re.compile(r"#\s*E:\s*(.+)$")

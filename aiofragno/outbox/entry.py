@@ -32,6 +32,20 @@ class OutboxEntry:
         mutations: list[dict[str, Any]] = self.payload["mutations"]
         return mutations
 
+    def to_json(self) -> str:
+        """The entry as one line of JSON with type tags (what ``aiofragno outbox
+        tail`` prints and the relay publishes): ``tagged_json.loads`` gives back
+        its fields exactly."""
+        return tagged_json.dumps(
+            {
+                "versionstamp": self.versionstamp,
+                "uow_id": self.uow_id,
+                "created_at": self.created_at,
+                "payload": self.payload,
+                "ref_map": self.ref_map,
+            }
+        )
+
 
 def entries_from_rows(rows: Sequence[Any], decode_timestamp: Decode | None) -> list[OutboxEntry]:
     """The entries of result rows (versionstamp, uow_id, payload, ref_map,

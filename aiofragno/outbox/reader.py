@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING
 
 from .. import runtime
 from ..sql import Identifier, sql
-from .consumer import Consumer
+from .consumer import Consumer, Stop
 from .entry import OutboxEntry, entries_from_rows
 from .queries import COLUMNS, check_limit, latest, read_entries
+from .relay.run import relay
+from .relay.sink import BrokerSink
 from .tables import OUTBOX_ID
 from .versionstamp import check_versionstamp
 
@@ -67,3 +69,37 @@ class OutboxReader:
     def consumer(self, name: str, *, lease: float = 30.0) -> Consumer:
         """A durable consumer called ``name`` (its cursor lives in the database)."""
         return Consumer(self._db, name, lease=lease)
+
+    async def relay(
+        self,
+        sink: BrokerSink,
+        *,
+        batch_size: int = 1000,
+        poll_interval: float = 0.5,
+        until_caught_up: bool = False,
+        stop: Stop = None,
+        after: str | None = None,
+    ) -> int:
+        """Publish entries to a message broker, in versionstamp order, until
+        ``stop`` is set / returns True or — with ``until_caught_up`` — until
+        none is left; returns how many this call published. ``sink``:
+        :class:`~aiofragno.outbox.relay.NatsSink`,
+        :class:`~aiofragno.outbox.relay.RedisSink` or your own
+        :class:`~aiofragno.outbox.relay.BrokerSink`; it is closed on return.
+
+        Starts after the newest entry the broker holds (so a relay stopped
+        anywhere, even killed, resumes with nothing lost and nothing sent
+        twice), or after ``after`` while the broker holds none. Reads
+        ``batch_size`` entries at a time, checking every ``poll_interval``
+        seconds when caught up. Raises :class:`RelayError` when the broker
+        refuses or loses a message, and :class:`DatabaseUnavailable` when the
+        database stayed out of reach past ``reconnect_deadline``."""
+        return await relay(
+            self._db,
+            sink,
+            batch_size=batch_size,
+            poll_interval=poll_interval,
+            until_caught_up=until_caught_up,
+            stop=stop,
+            after=after,
+        )

@@ -16,15 +16,17 @@ wrote (``after=``), to a stream (or key) of its own, deleted afterwards.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import anyio
 import pytest
 
 import aiofragno as af
+from aiofragno.outbox import OutboxEntry
 from aiofragno.outbox.relay import OutOfStep
 from aiofragno.outbox.relay.bridge import BridgedSink
 from aiofragno.outbox.relay.run import relay as relay_to
@@ -149,27 +151,52 @@ async def test_every_entry_once_in_order_and_resumed_from_the_broker(
 async def test_cancelled_while_publishing_then_restarted(broker: Broker, source: Source) -> None:
     """A relay cancelled while a batch is on its way — twice, at different
     points — and run again: every entry is in the broker exactly once, in
-    order. One message in flight at a time (NATS) and batches of 5 (Redis)
-    keep the relay slow enough to be caught mid-batch."""
+    order. The sink stores part of a batch and then stalls, so the relay is
+    always caught mid-batch, however fast the machine."""
     total = 150
     await source.write(total)
     for stored_at_least in (15, 60):
         seen = await cancel_when_stored(broker, source, stored_at_least)
-        assert stored_at_least <= seen < total, "the relay was not caught mid-way"
+        assert seen == stored_at_least, "the relay did not stop where its batch was cut"
     with anyio.fail_after(LIMIT):
         count = await source.db.outbox.relay(
             broker.sink(), after=source.start, until_caught_up=True
         )
-    # (A message the cancelled relay had sent may be stored after ``seen``
-    # was read: Redis runs a script whose caller went away, NATS takes what
-    # the closing connection flushes. The restart starts after it.)
-    assert 0 < count <= total - seen
+    assert count == total - seen
     assert len(await check(broker, source)) == total
 
 
+class Stalling:
+    """A sink that stores the first ``store`` entries it is given (part of a
+    batch, by the real sink), then stalls with the rest of that batch on its
+    way until it is cancelled. Its own code runs on asyncio (the relay runs
+    an asyncio-only sink on a loop of its own under trio)."""
+
+    asyncio_only = True
+
+    def __init__(self, inner: af.BrokerSink, store: int) -> None:
+        self.inner = inner
+        self.left = store
+
+    async def last_published(self) -> str | None:
+        return await self.inner.last_published()
+
+    async def publish_batch(self, entries: Sequence[OutboxEntry]) -> None:
+        if len(entries) >= self.left:
+            await self.inner.publish_batch(entries[: self.left])
+            self.left = 0
+            await asyncio.sleep(LIMIT * 10)  # cancelled here
+        await self.inner.publish_batch(entries)
+        self.left -= len(entries)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
 async def cancel_when_stored(broker: Broker, source: Source, at_least: int) -> int:
-    """Run a relay and cancel it as soon as the broker holds ``at_least``
-    entries; how many it holds then."""
+    """Run a relay, cancel it once the broker holds ``at_least`` entries (the
+    sink stalls there, in the middle of a batch of 10), and return how many
+    the broker holds."""
     stamps = [e.versionstamp for e in await source.entries()]
     watcher: af.BrokerSink = broker.sink()
     if current_runtime() != "asyncio":
@@ -180,15 +207,14 @@ async def cancel_when_stored(broker: Broker, source: Source, at_least: int) -> i
         return 0 if last is None else stamps.index(last) + 1
 
     try:
+        before = await stored()
+        # (Batches of 10 from ``before``: the cut falls inside one.)
+        assert (at_least - before) % 10 not in (0, 1)
+        sink = Stalling(broker.sink(max_in_flight=1), at_least - before)
         with anyio.fail_after(LIMIT):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(
-                    lambda: relay_to(
-                        source.db._engine,
-                        broker.sink(max_in_flight=1),
-                        after=source.start,
-                        batch_size=150 if broker.name == "nats" else 5,
-                    )
+                    lambda: relay_to(source.db._engine, sink, after=source.start, batch_size=10)
                 )
                 while await stored() < at_least:
                     pass  # (each look is a round trip to the broker)

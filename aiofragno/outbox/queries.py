@@ -34,8 +34,9 @@ def check_limit(limit: object, name: str = "limit") -> int:
 async def read_entries(
     db: Engine, queries: Queries, after: str | None, limit: int
 ) -> list[OutboxEntry]:
-    """Up to ``limit`` entries after ``after``, through ``queries`` (the
-    engine, or a transaction), none past :func:`horizon`."""
+    """Up to ``limit`` entries after ``after``, none past :func:`horizon`,
+    through ``queries``: the engine (in a transaction, the horizon's lock,
+    and with it the next outbox writer, would wait for its end)."""
     up_to = await horizon(db, queries)
     if up_to == "":
         return []

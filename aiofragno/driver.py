@@ -265,6 +265,17 @@ class SqlSnippets:
     # committed after the snapshot was taken (PostgreSQL's first-updater-
     # wins rule; LOCK TABLE takes no snapshot). None: no such rule.
     outbox_snapshot_lock: str | None = None
+    # Where a read view can miss a transaction that committed before one it
+    # sees (InnoDB: a view copies the list of running transactions while
+    # they leave it, and the outbox counter's lock passes on as soon as its
+    # holder has left): one statement returning the counter's committed
+    # value ({t}, {k}, {v}: the settings table and its key and value
+    # columns; {key}: the counter's key) under a shared lock, which waits
+    # for the writer holding the counter. Run outside a transaction, so
+    # that the lock ends with the statement; a read after it, bounded by
+    # that version, misses none up to it. None: a view includes every
+    # transaction that committed before the newest one it sees.
+    outbox_read_horizon: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

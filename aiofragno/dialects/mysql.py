@@ -72,6 +72,7 @@ ADAPTER = DialectAdapter(
         session_process="SELECT process FROM (SELECT IS_USED_LOCK({session}) AS process) AS s "
         "WHERE process IS NOT NULL",
         end_process="KILL CONNECTION {process}",
+        outbox_read_horizon="SELECT {v} FROM {t} WHERE {k} = {key} LOCK IN SHARE MODE",
     ),
     commit=CommitPlanChoice(
         "guarded-batch",

@@ -185,7 +185,7 @@ class Consumer:
     async def _caught_up(self) -> bool:
         """Whether the cursor is at the newest entry (whoever moved it)."""
         cursor = await self.position()
-        newest = await latest(self._db)
+        newest = await latest(self._db, self._db)
         return newest is None or (cursor is not None and cursor >= newest)
 
 

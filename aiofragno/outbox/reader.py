@@ -64,7 +64,7 @@ class OutboxReader:
 
     async def latest(self) -> str | None:
         """The versionstamp of the newest entry, or None when empty."""
-        return await latest(self._db)
+        return await latest(self._db, self._db)
 
     def consumer(self, name: str, *, lease: float = 30.0) -> Consumer:
         """A durable consumer called ``name`` (its cursor lives in the database)."""

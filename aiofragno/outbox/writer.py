@@ -4,7 +4,11 @@ The version is reserved last, just before COMMIT, from a counter row in the
 settings table. Every writer updates that one row, so each holds its lock from
 the reservation until it commits: versions are handed out in commit order and a
 rolled-back reservation is undone with its transaction — no gaps, and a reader
-polling ``versionstamp > cursor`` never skips an entry that commits later.
+polling ``versionstamp > cursor`` never skips an entry that commits later
+(on MySQL only up to the counter's version read under a shared lock:
+:attr:`SqlSnippets.outbox_read_horizon
+<aiofragno.driver.SqlSnippets.outbox_read_horizon>`, see
+:func:`.queries.horizon`).
 """
 
 from __future__ import annotations

@@ -33,10 +33,13 @@ class OutboxEntry:
         return mutations
 
 
-def entries_from_rows(rows: Sequence[Any], decode_timestamp: Decode | None) -> list[OutboxEntry]:
+def entries_from_rows(
+    rows: Sequence[Any], decode_timestamp: Decode | None, *, skip: int = 0
+) -> list[OutboxEntry]:
     """The entries of result rows (versionstamp, uow_id, payload, ref_map,
-    created_at), their JSON decoded in one pass for the page."""
-    columns = list(zip(*[row.raw for row in rows], strict=True)) or [()] * 5
+    created_at, after ``skip`` other columns), their JSON decoded in one
+    pass for the page."""
+    columns = list(zip(*[row.raw for row in rows], strict=True))[skip:] or [()] * 5
     stamps, uow_ids, payloads, ref_maps, created = columns
     if decode_timestamp is not None:
         created = tuple(map(decode_timestamp, created))

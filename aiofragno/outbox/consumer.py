@@ -48,6 +48,7 @@ from . import dead_letters
 from .dead_letters import DeadLetter
 from .entry import OutboxEntry
 from .lease import MAX_LEASE, MIN_LEASE, AlreadyPast, Lease, LeaseLost
+from .push import CommitWaiter
 from .queries import check_limit, latest, read_entries
 from .riding import Attempt, ride_out, unavailable
 from .tables import CONSUMERS_ID, OUTBOX_ID
@@ -248,6 +249,8 @@ class _Run:
         # the handler took, not yet recorded by a cursor advance.
         self.done: str | None = None
         self.pending = 0
+        # Wakes the run when an entry commits while it is caught up.
+        self.waiter = CommitWaiter(self.db)
 
     async def run(self, stop: Stop) -> int:
         await self.lease.ensure_row()
@@ -267,10 +270,13 @@ class _Run:
                 if count == 0:
                     if self.options.until_caught_up:
                         return self.delivered
-                    await runtime.sleep(self.options.poll_interval)
+                    await self.waiter.wait(self.options.poll_interval)
             return self.delivered
         finally:
-            await self.lease.release()
+            try:
+                await self.lease.release()
+            finally:
+                await self.waiter.aclose()
 
     async def batch(self, stop: Stop) -> int:
         """Deliver the next entries after the cursor; how many there were."""

@@ -6,11 +6,11 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from .. import runtime
 from ..errors import ValidationError
 from ..sql import Identifier, sql
 from .consumer import Consumer
 from .entry import OutboxEntry, entries_from_rows
+from .push import CommitWaiter
 from .queries import COLUMNS, check_limit, latest, read_entries
 from .retention import BATCH_SIZE, KEEP_FOR, KEEP_LAST, Retention
 from .retention import horizon as read_horizon
@@ -38,20 +38,28 @@ class OutboxReader:
     async def tail(
         self, after: str | None = None, *, poll_interval: float = 0.5, batch_size: int = 1000
     ) -> AsyncIterator[OutboxEntry]:
-        """Every entry after ``after``, then new ones as they commit (checking
-        every ``poll_interval`` seconds when caught up). Runs until cancelled
-        or until you stop iterating."""
+        """Every entry after ``after``, then new ones as they commit. When
+        caught up it waits for the next commit: on PostgreSQL it is woken by
+        a notification (LISTEN, on a connection of its own opened the first
+        time it waits), and in any case it reads again every
+        ``poll_interval`` seconds. Runs until cancelled or until you stop
+        iterating. :class:`~aiofragno.OutboxCursorPruned` if entries after
+        ``after`` were pruned."""
         if after is not None:
             check_versionstamp(after)
         check_limit(batch_size, "batch_size")
-        while True:
-            entries = await read_entries(self._db, self._db, after, batch_size)
-            for entry in entries:
-                yield entry
-            if entries:
-                after = entries[-1].versionstamp
-            if len(entries) < batch_size:
-                await runtime.sleep(poll_interval)
+        waiter = CommitWaiter(self._db)
+        try:
+            while True:
+                entries = await read_entries(self._db, self._db, after, batch_size)
+                for entry in entries:
+                    yield entry
+                if entries:
+                    after = entries[-1].versionstamp
+                if len(entries) < batch_size:
+                    await waiter.wait(poll_interval)
+        finally:
+            await waiter.aclose()
 
     async def find(self, uow_id: str) -> OutboxEntry | None:
         """The entry a unit of work with idempotency key ``uow_id`` committed, if any."""

@@ -180,20 +180,26 @@ async def _next_batch_end(db: Engine, retention: Retention) -> str | None:
 
 
 async def _delete_through(db: Engine, upto: str) -> int:
-    """One batch: delete the entries up to ``upto`` and move the horizon
-    there, in one transaction. The horizon row's lock orders concurrent
-    pruners; one that finds the horizon past ``upto`` deletes nothing."""
+    """One batch, in a transaction of its own (see :func:`delete_in`)."""
     async with db.transaction(isolation="read committed") as tx:
-        moved = await tx.execute(
-            sql_using(
-                "UPDATE {s} SET {v} = {upto} WHERE {k} = {key} AND {v} < {upto}",
-                **_NAMES,
-                upto=upto,
-            )
+        return await delete_in(tx, upto)
+
+
+async def delete_in(tx: Queries, upto: str) -> int:
+    """A batch's statements, in transaction ``tx``: move the horizon to
+    ``upto`` and delete the entries up to it; how many were deleted. The
+    horizon row's lock orders concurrent pruners; one that finds the
+    horizon already past ``upto`` deletes nothing."""
+    moved = await tx.execute(
+        sql_using(
+            "UPDATE {s} SET {v} = {upto} WHERE {k} = {key} AND {v} < {upto}",
+            **_NAMES,
+            upto=upto,
         )
-        if moved.rows_affected != 1:
-            return 0
-        result = await tx.execute(
-            sql_using("DELETE FROM {o} WHERE {vs} <= {upto}", **_NAMES, upto=upto)
-        )
-    return result.rows_affected
+    )
+    if moved.rows_affected != 1:
+        return 0
+    deleted = await tx.execute(
+        sql_using("DELETE FROM {o} WHERE {vs} <= {upto}", **_NAMES, upto=upto)
+    )
+    return deleted.rows_affected

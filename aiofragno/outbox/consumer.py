@@ -158,15 +158,19 @@ class Consumer:
         """Deliver entries to ``handler`` (``await handler(entry)``, or
         ``await handler(entry, tx)`` when ``transactional``) until ``stop`` is
         set / returns True, or — with ``until_caught_up`` — until no entry is
-        left. Returns how many entries this call delivered.
+        left. Returns how many entries this call delivered. When caught up it
+        waits for the next commit (woken at once on PostgreSQL, see
+        :mod:`.push`), at most ``poll_interval`` seconds.
 
         While another worker holds the lease, waits (checking every
         ``poll_interval``) until it is released or lapses, then takes over;
         with ``until_caught_up`` it returns as soon as the consumer is caught
         up, by whichever worker. Raises :class:`ValidationError` for bad
-        arguments before touching the database, :class:`ConsumerHalted`, and
+        arguments before touching the database, :class:`ConsumerHalted`,
         :class:`DatabaseUnavailable` when the database stayed out of reach
-        past ``reconnect_deadline``."""
+        past ``reconnect_deadline``, and
+        :class:`~aiofragno.OutboxCursorPruned` when entries after the cursor
+        were pruned (a cursor restored from a backup, say)."""
         options = _Options(
             batch_size=check_limit(batch_size, "batch_size"),
             max_attempts=_attempts(max_attempts),

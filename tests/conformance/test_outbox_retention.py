@@ -140,6 +140,23 @@ async def test_cursors_older_than_the_horizon_are_refused(odb: af.Database) -> N
     assert await stale.position() == written[1]
 
 
+async def test_run_pruner_prunes_until_cancelled(odb: af.Database) -> None:
+    for n in range(4):
+        await create(odb, f"o{n}")
+    written = await stamps(odb)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: odb.outbox.run_pruner(every=0.01, keep_last=1, keep_for=0))
+        with anyio.fail_after(10):
+            while await odb.outbox.horizon() != written[2]:  # noqa: ASYNC110 (polls the database)
+                await anyio.sleep(0.01)
+        await create(odb, "later")
+        with anyio.fail_after(10):
+            while await odb.outbox.horizon() != written[3]:  # noqa: ASYNC110 (polls the database)
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert len(await stamps(odb)) == 1
+
+
 async def test_prune_arguments_are_checked(odb: af.Database) -> None:
     for bad in (
         {"keep_last": -1},

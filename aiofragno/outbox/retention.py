@@ -48,6 +48,7 @@ _NAMES = {
     "v": Identifier("value"),
     "key": PRUNED_KEY,
 }
+_READ_HORIZON = sql_using("SELECT {v} FROM {s} WHERE {k} = {key}", **_NAMES)
 MAX_KEEP_FOR = 100 * 365 * 86_400.0
 KEEP_LAST = 1000
 KEEP_FOR = 86_400.0
@@ -101,7 +102,7 @@ async def prune(db: Engine, retention: Retention) -> int:
 async def horizon(queries: Queries) -> str | None:
     """The prune horizon: the versionstamp of the newest pruned entry, or
     None if nothing was ever pruned."""
-    value = await queries.fetch_value(sql_using("SELECT {v} FROM {s} WHERE {k} = {key}", **_NAMES))
+    value = await queries.fetch_value(_READ_HORIZON)
     return str(value) if value else None
 
 
@@ -115,10 +116,7 @@ async def run_pruner(db: Engine, retention: Retention, every: float) -> None:
 async def _ensure_horizon_row(db: Engine) -> None:
     """Create the horizon's settings row (empty: nothing pruned) once, so
     that every batch only updates it — on its own row, never the counter's."""
-    if (
-        await db.fetch_value(sql_using("SELECT {v} FROM {s} WHERE {k} = {key}", **_NAMES))
-        is not None
-    ):
+    if await db.fetch_value(_READ_HORIZON) is not None:
         return
     with contextlib.suppress(IntegrityError):  # (another pruner created it meanwhile)
         await db.execute(sql_using("INSERT INTO {s} ({k}, {v}) VALUES ({key}, '')", **_NAMES))

@@ -154,6 +154,7 @@ class Database(Queries):
         dry_run: bool = False,
         on_query: Callable[[CompiledQuery], Any] | None = None,
         hooks: UowHooks | None = None,
+        outbox: bool | None = None,
     ) -> T:
         """Run ``fn`` as a unit of work on ``schema``'s tables and return what it
         returns. ``fn`` queues reads, awaits ``uow.retrieve()``, and queues
@@ -165,7 +166,9 @@ class Database(Queries):
         must not have side effects outside the unit. ``dry_run`` compiles
         without touching the database (reads give empty results);
         ``on_query`` sees every compiled statement; ``hooks`` instrument each
-        attempt."""
+        attempt. ``outbox``: whether this unit writes an outbox entry
+        (None: as ``af.connect(outbox=...)`` says; tables declared with
+        ``outbox=False`` never go into one)."""
         self._engine.check_open()
         check_isolation(isolation)
         return await execute_uow(
@@ -178,6 +181,7 @@ class Database(Queries):
             dry_run=dry_run,
             on_query=on_query,
             hooks=hooks,
+            outbox=outbox,
         )
 
     async def migrate(

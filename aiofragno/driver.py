@@ -15,7 +15,16 @@ import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Protocol, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    NamedTuple,
+    Protocol,
+    TypeVar,
+    runtime_checkable,
+)
 
 if TYPE_CHECKING:
     from .sqltext import SqlText
@@ -276,6 +285,12 @@ class SqlSnippets:
     # that version, misses none up to it. None: a view includes every
     # transaction that committed before the newest one it sees.
     outbox_read_horizon: str | None = None
+    # An expression that wakes the outbox's waiting readers, evaluated once
+    # in each transaction that writes an entry (it must take effect only if
+    # that transaction commits), and the channel they listen on (see
+    # :class:`Listens`). None: readers poll.
+    outbox_wake: str | None = None
+    outbox_channel: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -567,6 +582,18 @@ class DeferredBegin(Generic[B]):
         return self.take() is not None
 
 
+@runtime_checkable
+class Listens(Protocol):
+    """A connection that can receive the server's notifications (PostgreSQL
+    LISTEN)."""
+
+    async def listen(self, channel: str, on_notify: Callable[[], object]) -> None:
+        """Listen on ``channel``: call ``on_notify`` (in the caller's event
+        loop, never from a task of the caller's) for each notification, and
+        once when the connection is lost."""
+        ...
+
+
 class Driver(Protocol):
     """Hands out connections. (Transactions belong to the connection:
     :meth:`Connection.begin`, whose BEGIN may travel with the first statement.)"""
@@ -585,6 +612,11 @@ class Driver(Protocol):
 
     async def release_connection(self, connection: Connection, *, discard: bool = False) -> None:
         """Give ``connection`` back; ``discard=True`` closes it instead of reusing."""
+        ...
+
+    async def open_unpooled(self) -> Connection:
+        """A new connection of the caller's own, outside the pool (for a
+        long-lived use such as listening); the caller closes it."""
         ...
 
     async def destroy(self) -> None:

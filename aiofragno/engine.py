@@ -13,13 +13,17 @@ schemas and their layouts, migrations.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from . import runtime
 from .codec import ValueCodec
 from .driver import (
     ISOLATION_LEVELS,
     CompiledQuery,
+    Connection,
     Dialect,
     IsolationLevel,
+    Listens,
     QueryResult,
     leading_keyword,
 )
@@ -62,6 +66,8 @@ class Engine(Queries):
         self.stats = Stats()
         self._closed = False
         self._outbox_statements: OutboxStatements | None = None
+        # Connections open for listening (outside the pool), closed with the engine.
+        self._listeners: set[Connection] = set()
 
     @property
     def name(self) -> str:
@@ -117,7 +123,40 @@ class Engine(Queries):
         if self._closed:
             return
         self._closed = True
+        for listener in list(self._listeners):
+            await self.close_listener(listener)
         await self._driver.destroy()
+
+    async def open_listener(self, channel: str, on_notify: Callable[[], object]) -> Connection | None:
+        """A connection of its own (outside the pool) listening on
+        ``channel`` (see :class:`~aiofragno.driver.Listens`), or None where
+        the backend cannot listen. Close it with :meth:`close_listener`; the
+        engine closes those left open when it closes. Raises what opening a
+        connection raises, translated."""
+        self.check_open()
+        try:
+            connection = await self._driver.open_unpooled()
+        except Error:
+            raise
+        except Exception as exc:
+            raise self._unavailable(exc) from exc
+        self._listeners.add(connection)
+        try:
+            if not isinstance(connection, Listens):
+                await self.close_listener(connection)
+                return None
+            await connection.listen(channel, on_notify)
+        except BaseException as exc:
+            await self.close_listener(connection)
+            if isinstance(exc, Exception) and not isinstance(exc, Error):
+                raise self.dialect.translate_error(exc) from exc
+            raise
+        return connection
+
+    async def close_listener(self, connection: Connection) -> None:
+        self._listeners.discard(connection)
+        with runtime.shielded(runtime.CLEANUP_TIMEOUT):
+            await connection.close()
 
     def check_open(self) -> None:
         if self._closed:

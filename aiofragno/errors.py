@@ -57,6 +57,23 @@ class AlreadyApplied(Error):
         self.versionstamp = versionstamp
 
 
+class OutboxCursorPruned(Error):
+    """An outbox read (``list``, ``tail``, a consumer) started from a cursor
+    older than the outbox's prune horizon: entries after that cursor were
+    deleted by ``db.outbox.prune()``, so reading on would silently skip
+    them. ``cursor`` is the cursor given, ``horizon`` the versionstamp of
+    the newest pruned entry (a cursor at or past it reads on). Rebuild what
+    the reader derives from the outbox, or accept the loss and go on from
+    ``horizon``; to keep this from happening, register the reader as a
+    consumer (prune never passes a consumer's cursor) or widen the window
+    that prune keeps."""
+
+    def __init__(self, message: str, *, cursor: str, horizon: str) -> None:
+        super().__init__(message)
+        self.cursor = cursor
+        self.horizon = horizon
+
+
 class RowNotFound(Error):
     """A unit of work's update or delete named a row that does not exist (by
     an id the unit had not read), so the unit was rolled back: nothing was

@@ -114,6 +114,13 @@ class Pool:
             if created is not None:
                 self._slots.release()
 
+    async def connect_outside(self) -> Connection:
+        """A new connection that the pool neither counts nor keeps."""
+        self._check_open()
+        if self._bound_to_loop:
+            self._check_loop()
+        return await self._connect()
+
     async def close(self) -> None:
         """Close idle connections now and the rest as they are released. Idempotent."""
         self._closed = True
@@ -188,6 +195,9 @@ class PooledDriver:
 
     async def release_connection(self, connection: Connection, *, discard: bool = False) -> None:
         await self.pool.release(connection, discard=discard)
+
+    async def open_unpooled(self) -> Connection:
+        return await self.pool.connect_outside()
 
     async def destroy(self) -> None:
         await self.pool.close()

@@ -210,11 +210,17 @@ class Index:
 
 
 class Table:
-    """A table: ``Table("accounts", Column(...), Reference(...), Index(...))``."""
+    """A table: ``Table("accounts", Column(...), Reference(...), Index(...))``.
+    ``outbox=False`` keeps its writes out of the outbox: they put nothing in
+    an entry's payload, and a unit that writes only such tables writes no
+    entry (see docs/outbox.md, Opting out)."""
 
-    def __init__(self, name: str, *items: Column | Index) -> None:
+    def __init__(self, name: str, *items: Column | Index, outbox: bool = True) -> None:
         _check_name("table", name)
+        if not isinstance(outbox, bool):
+            raise SchemaError(f"outbox= of table {name!r} must be a bool, got {outbox!r}")
         self.name = name
+        self.outbox = outbox
         self.columns: dict[str, Column] = {}
         self.indexes: dict[str, Index] = {}
         for item in items:

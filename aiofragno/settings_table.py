@@ -1,6 +1,7 @@
 """The settings table, ``fragno_db_settings``: aiofragno's key-value record in
-the database (schema versions, table ownership, the outbox counter). Written
-only under the migration lock, except for the outbox counter row."""
+the database (schema versions, table ownership, the outbox counter and prune
+horizon). Written only under the migration lock, except for those two outbox
+rows."""
 
 from __future__ import annotations
 

@@ -289,7 +289,9 @@ async def run(case: Case, *, stale: int | None = None, lose: str | None = None) 
     connection.ops = uow.mutations
     error = None
     try:
-        await run_mutations(engine, held, uow, catalog, case.isolation, None, case.key, "nonce")
+        await run_mutations(
+            engine, held, uow, catalog, case.isolation, None, case.key, "nonce", case.outbox
+        )
     except Exception as exc:
         error = exc
     finally:
@@ -406,7 +408,7 @@ async def test_the_committing_statement_falls_back_to_one_statement_each() -> No
     uow.create("items", {"name": "new", "qty": 1})
     uow.update("items", RowId("seen-item", version=1), {"qty": 2}, check=True)
     connection.ops = uow.mutations
-    await run_mutations(engine, held, uow, catalog, None, None, None, "nonce")
+    await run_mutations(engine, held, uow, catalog, None, None, None, "nonce", True)
     await held.release()
     assert [sql.split(" ")[0] for sql in connection.log] == [
         "WITH",

@@ -50,6 +50,7 @@ from ..driver import (
     DeferredBegin,
     DialectAdapter,
     IsolationLevel,
+    Listens,
     QueryCompiler,
     QueryResult,
     StopWhen,
@@ -376,6 +377,14 @@ class BridgedConnection:
     async def reset_session(self) -> bool:
         self._begin.drop()
         return await self._bridge.run(self.raw.reset_session)
+
+    async def listen(self, channel: str, on_notify: Callable[[], object]) -> None:
+        """The driver's LISTEN, its callbacks brought over to this trio run."""
+        raw = self.raw
+        if not isinstance(raw, Listens):
+            raise TypeError(f"{type(raw).__name__} cannot listen for notifications")
+        token = trio.lowlevel.current_trio_token()
+        await self._bridge.run(partial(raw.listen, channel, partial(_notify, token, on_notify)))
 
     async def close(self) -> None:
         if not self._closed:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
@@ -223,6 +223,17 @@ class AsyncpgConnection:
         rollback = "ROLLBACK; " if self._raw.is_in_transaction() else ""
         await self._raw.execute(rollback + _RESET_SESSION, timeout=self._timeout)
         return True
+
+    async def listen(self, channel: str, on_notify: Callable[[], object]) -> None:
+        # (asyncpg calls both on this connection's loop, outside any task of ours.)
+        def lost(_connection: object) -> None:
+            on_notify()
+
+        def notified(_connection: object, _pid: int, _channel: str, _payload: object) -> None:
+            on_notify()
+
+        self._raw.add_termination_listener(lost)
+        await self._raw.add_listener(channel, notified)
 
     async def close(self) -> None:
         if self._raw.is_closed():

@@ -68,6 +68,9 @@ ADAPTER = DialectAdapter(
         # (The settings table holds the counter row; this mode lets readers and
         # row-share lockers through, and waits for — then holds off — writers.)
         outbox_snapshot_lock='LOCK TABLE "fragno_db_settings" IN SHARE ROW EXCLUSIVE MODE',
+        # (Delivered at COMMIT, once per transaction however often sent.)
+        outbox_wake="pg_notify('fragno_db_outbox', '')",
+        outbox_channel="fragno_db_outbox",
     ),
     commit=CommitPlanChoice(
         "one-committing-statement",

@@ -48,6 +48,7 @@ from . import dead_letters
 from .dead_letters import DeadLetter
 from .entry import OutboxEntry
 from .lease import MAX_LEASE, MIN_LEASE, AlreadyPast, Lease, LeaseLost
+from .push import CommitWaiter
 from .queries import check_limit, latest, read_entries
 from .riding import Attempt, ride_out, unavailable
 from .tables import CONSUMERS_ID, OUTBOX_ID
@@ -157,15 +158,19 @@ class Consumer:
         """Deliver entries to ``handler`` (``await handler(entry)``, or
         ``await handler(entry, tx)`` when ``transactional``) until ``stop`` is
         set / returns True, or — with ``until_caught_up`` — until no entry is
-        left. Returns how many entries this call delivered.
+        left. Returns how many entries this call delivered. When caught up it
+        waits for the next commit (woken at once on PostgreSQL, see
+        :mod:`.push`), at most ``poll_interval`` seconds.
 
         While another worker holds the lease, waits (checking every
         ``poll_interval``) until it is released or lapses, then takes over;
         with ``until_caught_up`` it returns as soon as the consumer is caught
         up, by whichever worker. Raises :class:`ValidationError` for bad
-        arguments before touching the database, :class:`ConsumerHalted`, and
+        arguments before touching the database, :class:`ConsumerHalted`,
         :class:`DatabaseUnavailable` when the database stayed out of reach
-        past ``reconnect_deadline``."""
+        past ``reconnect_deadline``, and
+        :class:`~aiofragno.OutboxCursorPruned` when entries after the cursor
+        were pruned (a cursor restored from a backup, say)."""
         options = _Options(
             batch_size=check_limit(batch_size, "batch_size"),
             max_attempts=_attempts(max_attempts),
@@ -185,7 +190,7 @@ class Consumer:
     async def _caught_up(self) -> bool:
         """Whether the cursor is at the newest entry (whoever moved it)."""
         cursor = await self.position()
-        newest = await latest(self._db, self._db)
+        newest = await latest(self._db)
         return newest is None or (cursor is not None and cursor >= newest)
 
 
@@ -248,6 +253,8 @@ class _Run:
         # the handler took, not yet recorded by a cursor advance.
         self.done: str | None = None
         self.pending = 0
+        # Wakes the run when an entry commits while it is caught up.
+        self.waiter = CommitWaiter(self.db)
 
     async def run(self, stop: Stop) -> int:
         await self.lease.ensure_row()
@@ -267,16 +274,19 @@ class _Run:
                 if count == 0:
                     if self.options.until_caught_up:
                         return self.delivered
-                    await runtime.sleep(self.options.poll_interval)
+                    await self.waiter.wait(self.options.poll_interval)
             return self.delivered
         finally:
-            await self.lease.release()
+            try:
+                await self.lease.release()
+            finally:
+                await self.waiter.aclose()
 
     async def batch(self, stop: Stop) -> int:
         """Deliver the next entries after the cursor; how many there were."""
         size, cursor = self.options.batch_size, self.lease.cursor
         entries = await ride_out(
-            self.db, self.what, lambda: read_entries(self.db, self.db, cursor, size)
+            self.db, self.what, lambda: read_entries(self.db, cursor, size)
         )
         if self.options.transactional:
             for entry in entries:

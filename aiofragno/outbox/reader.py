@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from .. import runtime
+from ..errors import ValidationError
 from ..sql import Identifier, sql
 from .consumer import Consumer, Stop
 from .entry import OutboxEntry, entries_from_rows
+from .push import CommitWaiter
 from .queries import COLUMNS, check_limit, latest, read_entries
 from .relay.run import relay
 from .relay.sink import BrokerSink
+from .retention import BATCH_SIZE, KEEP_FOR, KEEP_LAST, Retention
+from .retention import horizon as read_horizon
+from .retention import prune as prune_entries
+from .retention import run_pruner as prune_every
 from .tables import OUTBOX_ID
 from .versionstamp import check_versionstamp
 
@@ -29,25 +35,33 @@ class OutboxReader:
         """Up to ``limit`` (1..10000) entries with versionstamp > ``after``."""
         if after is not None:
             check_versionstamp(after)
-        return await read_entries(self._db, self._db, after, check_limit(limit))
+        return await read_entries(self._db, after, check_limit(limit))
 
     async def tail(
         self, after: str | None = None, *, poll_interval: float = 0.5, batch_size: int = 1000
     ) -> AsyncIterator[OutboxEntry]:
-        """Every entry after ``after``, then new ones as they commit (checking
-        every ``poll_interval`` seconds when caught up). Runs until cancelled
-        or until you stop iterating."""
+        """Every entry after ``after``, then new ones as they commit. When
+        caught up it waits for the next commit: on PostgreSQL it is woken by
+        a notification (LISTEN, on a connection of its own opened the first
+        time it waits), and in any case it reads again every
+        ``poll_interval`` seconds. Runs until cancelled or until you stop
+        iterating. :class:`~aiofragno.OutboxCursorPruned` if entries after
+        ``after`` were pruned."""
         if after is not None:
             check_versionstamp(after)
         check_limit(batch_size, "batch_size")
-        while True:
-            entries = await read_entries(self._db, self._db, after, batch_size)
-            for entry in entries:
-                yield entry
-            if entries:
-                after = entries[-1].versionstamp
-            if len(entries) < batch_size:
-                await runtime.sleep(poll_interval)
+        waiter = CommitWaiter(self._db)
+        try:
+            while True:
+                entries = await read_entries(self._db, after, batch_size)
+                for entry in entries:
+                    yield entry
+                if entries:
+                    after = entries[-1].versionstamp
+                if len(entries) < batch_size:
+                    await waiter.wait(poll_interval)
+        finally:
+            await waiter.aclose()
 
     async def find(self, uow_id: str) -> OutboxEntry | None:
         """The entry a unit of work with idempotency key ``uow_id`` committed, if any."""
@@ -64,7 +78,43 @@ class OutboxReader:
 
     async def latest(self) -> str | None:
         """The versionstamp of the newest entry, or None when empty."""
-        return await latest(self._db, self._db)
+        return await latest(self._db)
+
+    async def prune(
+        self,
+        *,
+        keep_last: int = KEEP_LAST,
+        keep_for: float | timedelta = KEEP_FOR,
+        batch_size: int = BATCH_SIZE,
+    ) -> int:
+        """Delete the oldest entries that every consumer has passed, except
+        the newest ``keep_last`` and those younger than ``keep_for`` (seconds
+        or a timedelta), in transactions of at most ``batch_size`` deletes
+        that never wait for writers nor make them wait. Returns how many
+        were deleted. Readers whose cursor it passed get
+        :class:`~aiofragno.OutboxCursorPruned` (see docs/outbox.md,
+        Retention)."""
+        return await prune_entries(self._db, Retention.checked(keep_last, keep_for, batch_size))
+
+    async def run_pruner(
+        self,
+        *,
+        every: float = 60.0,
+        keep_last: int = KEEP_LAST,
+        keep_for: float | timedelta = KEEP_FOR,
+        batch_size: int = BATCH_SIZE,
+    ) -> None:
+        """:meth:`prune` now and then every ``every`` seconds, until
+        cancelled: run it as a task of your application's."""
+        retention = Retention.checked(keep_last, keep_for, batch_size)
+        if isinstance(every, bool) or not isinstance(every, int | float) or not 0 < every <= 86_400:
+            raise ValidationError(f"every must be a number of seconds in (0, 86400], got {every!r}")
+        await prune_every(self._db, retention, float(every))
+
+    async def horizon(self) -> str | None:
+        """The versionstamp of the newest entry :meth:`prune` deleted (a
+        cursor older than it is refused), or None if nothing was pruned."""
+        return await read_horizon(self._db)
 
     def consumer(self, name: str, *, lease: float = 30.0) -> Consumer:
         """A durable consumer called ``name`` (its cursor lives in the database)."""

@@ -16,6 +16,9 @@ DEAD_LETTERS = "fragno_db_outbox_dead_letters"
 UNIT_KEYS = "fragno_db_unit_keys"
 NAMES = (OUTBOX, CONSUMERS, DEAD_LETTERS, UNIT_KEYS)
 VERSION_KEY = "outbox.version"
+# The versionstamp of the newest entry prune has deleted (the prune
+# horizon): written in the transaction that deletes, read with every page.
+PRUNED_KEY = "outbox.pruned"
 # One entry per idempotency key: a unit of work commits once per key.
 UOW_INDEX = OUTBOX + "_uow_key"
 # What an earlier layout had instead: the same look-up, without uniqueness.

@@ -123,7 +123,7 @@ class OutboxStatements:
         if adapter.capabilities.supports_writable_cte:
             reserve, insert = _parts(adapter, names)
             cte = sql(
-                f"reserved AS ({{reserve}}), {_ENTRY} AS ({{insert}} RETURNING {{vs}})",
+                f"reserved AS ({{reserve}}), {_ENTRY} AS ({{insert}}{_returning(adapter)})",
                 reserve=reserve,
                 insert=insert,
                 vs=names["vs"],
@@ -180,10 +180,21 @@ def _parts(adapter: DialectAdapter, names: dict[str, Any]) -> tuple[Fragment, Fr
     return sql_using(_RESERVE[strategy], **names), insert
 
 
+def _returning(adapter: DialectAdapter) -> str:
+    """The entry's RETURNING clause: its versionstamp, and the wake-up of
+    waiting readers where the dialect has one (:mod:`.push`) — evaluated
+    once, for the one row, in the entry's own statement: no round trip of
+    its own."""
+    wake = adapter.sql.outbox_wake
+    return " RETURNING {vs}" + ("" if wake is None else f", {wake}")
+
+
 def _statements(adapter: DialectAdapter, names: dict[str, Any]) -> list[Fragment]:
     reserve, insert = _parts(adapter, names)
     if adapter.capabilities.supports_returning:
-        insert += sql(" RETURNING {vs}", vs=names["vs"])
+        insert += sql(_returning(adapter), vs=names["vs"])
+    elif adapter.sql.outbox_wake is not None:
+        raise ValueError("an outbox wake-up needs RETURNING to ride on the entry's insert")
     if adapter.capabilities.supports_writable_cte:
         return [sql("WITH reserved AS ({reserve}) ", reserve=reserve) + insert]
     return [reserve, insert]

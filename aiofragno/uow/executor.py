@@ -122,13 +122,14 @@ async def run_mutations(
     notify: Callable[[CompiledQuery], Any] | None,
     record_key: str | None,
     nonce: str,
+    outbox: bool,
 ) -> None:
     """The mutation phase: every write in one transaction, or none, committed
     by the engine's plan (:mod:`.plans`). Last in the same transaction, the
-    unit's record (:mod:`.records`): with the outbox on, its outbox entry;
-    else, given ``record_key``, that key."""
+    unit's record (:mod:`.records`): with the ``outbox`` on and writes to
+    tables in it, its outbox entry; else, given ``record_key``, that key."""
     ops = uow.mutations
-    values = _entry_values(db, uow, catalog, nonce) if db.options.outbox else None
+    values = _entry_values(db, uow, catalog, nonce) if outbox else None
     statements = None
     if values is not None:
         statements = db.outbox_statements
@@ -152,12 +153,19 @@ def _writes(ops: Sequence[MutationOp]) -> bool:
     return any(not isinstance(op, Check) for op in ops)
 
 
+def _outbox_writes(ops: Sequence[MutationOp]) -> list[MutationOp]:
+    """The writes of ``ops`` that go into an outbox entry: not checks, and
+    not to tables declared with ``outbox=False``."""
+    return [op for op in ops if not isinstance(op, Check) and op.table.table.outbox]
+
+
 def _entry_values(
     db: Engine, uow: UnitOfWork, catalog: Catalog, nonce: str
 ) -> dict[str, Any] | None:
     """What the unit's outbox entry binds (:func:`entry_values`); None when
-    the unit writes nothing (its checks alone make no entry)."""
-    writes = [op for op in uow.mutations if not isinstance(op, Check)]
+    the unit writes nothing the outbox takes (its checks, and its writes to
+    tables out of the outbox, alone make no entry)."""
+    writes = _outbox_writes(uow.mutations)
     if len(writes) > MAX_INDEX + 1:
         raise ValidationError(
             f"a unit of work can carry at most {MAX_INDEX + 1} outbox mutations, this one has "
@@ -204,16 +212,19 @@ async def execute_uow(
     dry_run: bool = False,
     on_query: Callable[[CompiledQuery], Any] | None = None,
     hooks: UowHooks | None = None,
+    outbox: bool | None = None,
 ) -> T:
     policy = DEFAULT_RETRY if retry is None else retry
     if idempotency_key is not None:
         check_idempotency_key(idempotency_key)
+    if outbox is None:
+        outbox = db.options.outbox
+    elif not isinstance(outbox, bool):
+        raise ValidationError(f"outbox must be a bool or None, got {outbox!r}")
     uow_id = new_external_id() if idempotency_key is None else idempotency_key
     # Names this call: its record tells it from an earlier call's with the same key.
     nonce = new_nonce()
     hooks = hooks or NO_HOOKS
-    # A unit leaves a record to settle a lost COMMIT by: its outbox entry, or its key.
-    settles = db.options.outbox or idempotency_key is not None
     # One reconnect budget for the whole unit, shared by every retry inside it.
     with shared_deadline(db.options.reconnect_deadline) as lost:
         attempt = 0
@@ -231,7 +242,7 @@ async def execute_uow(
                     _check_not_waiting_for_itself(db)
                     await _call(hooks.before_mutation, uow)
                     await run_mutations(
-                        db, held, uow, catalog, isolation, on_query, idempotency_key, nonce
+                        db, held, uow, catalog, isolation, on_query, idempotency_key, nonce, outbox
                     )
                 finally:
                     # Released before any backoff sleep below.
@@ -242,6 +253,11 @@ async def execute_uow(
                     await _back_off(db, policy, hooks, uow, exc, attempt)
                     continue
                 if outcome is Outcome.AMBIGUOUS:
+                    # A unit leaves a record to settle a lost COMMIT by: its
+                    # outbox entry, or its key.
+                    settles = idempotency_key is not None or (
+                        outbox and bool(_outbox_writes(uow.mutations))
+                    )
                     if not await _settled(
                         db, uow, nonce, cast(CommitOutcomeUnknown, exc), settles, lost
                     ):

@@ -65,24 +65,20 @@ def key_statement(db: Engine, key: str, nonce: str) -> CompiledQuery:
 
 async def find_record(db: Engine, queries: Queries, uow_id: str) -> Record | None:
     """The record of the unit of work ``uow_id`` (through ``queries``: the
-    engine or a transaction), or None when none committed."""
-    if db.options.outbox:
-        query = sql(
-            "SELECT {n} AS nonce, {vs} AS versionstamp FROM {t} WHERE {u} = {id}",
-            n=Identifier("nonce"),
-            vs=Identifier("versionstamp"),
-            t=OUTBOX_ID,
-            u=Identifier("uow_id"),
-            id=uow_id,
-        )
-    else:
-        query = sql(
-            "SELECT {n} AS nonce, NULL AS versionstamp FROM {t} WHERE {k} = {id}",
-            n=Identifier("nonce"),
-            t=UNIT_KEYS_ID,
-            k=Identifier("key"),
-            id=uow_id,
-        )
+    engine or a transaction), or None when none committed. Both tables are
+    looked in: whether a unit writes an entry depends on the unit (its
+    ``outbox=`` and the tables it wrote), not only on the database."""
+    query = sql(
+        "SELECT {n} AS nonce, {vs} AS versionstamp FROM {t} WHERE {u} = {id} "
+        "UNION ALL SELECT {n}, NULL FROM {keys} WHERE {k} = {id}",
+        n=Identifier("nonce"),
+        vs=Identifier("versionstamp"),
+        t=OUTBOX_ID,
+        u=Identifier("uow_id"),
+        keys=UNIT_KEYS_ID,
+        k=Identifier("key"),
+        id=uow_id,
+    )
     row = await queries.fetch_one(query)
     if row is None:
         return None
@@ -108,8 +104,8 @@ async def committed(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcome
     broke during COMMIT (``lost``): its record exists (:mod:`.records`)
     with this call's ``nonce``. The lost server session is ended first
     (:mod:`aiofragno.server_sessions`), so nothing can commit the phase after
-    we looked; with the outbox, the counter row is locked as well, so a
-    commit that finished just now is visible. All of it on connections of
+    we looked; the outbox counter row is locked as well, so a commit that
+    finished just now is visible. All of it on connections of
     its own, even when the caller has a transaction open: held there, the
     counter's lock would stop the unit's re-run until the caller — who
     waits for that re-run — commits. Raises :class:`AlreadyApplied` when
@@ -120,8 +116,7 @@ async def committed(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcome
         await end_server_session(db, lost.server_session, END_SESSION_TIMEOUT)
         try:
             async with db.transaction() as tx:
-                if db.options.outbox:
-                    await tx.fetch(counter_lock(db))
+                await tx.fetch(counter_lock(db))
                 record = await find_record(db, tx, uow.uow_id)
         except CommitOutcomeUnknown as exc:
             # This transaction only read: losing its COMMIT loses nothing.

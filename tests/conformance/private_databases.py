@@ -8,6 +8,8 @@ import uuid
 import warnings
 from urllib.parse import urlsplit, urlunsplit
 
+import pytest
+
 import aiofragno as af
 from tests.conftest import Target
 
@@ -26,6 +28,16 @@ class PrivateDatabases:
             await admin.execute(admin._engine.raw(_create_database(target.dialect, name)))
         self.made.append((target.dialect, base, name))
         return urlunsplit(urlsplit(base)._replace(path=f"/{name}"))
+
+    async def fresh_url(self, target: Target, base: str, tmp_path: object) -> str:
+        """A new, empty database on ``target`` (a new file on SQLite); the
+        test is skipped if the server will not make one."""
+        if target.dialect == "sqlite":
+            return f"sqlite:///{tmp_path}/fresh-{uuid.uuid4().hex[:8]}.db"
+        try:
+            return await self.create(target, base)
+        except af.Error as exc:
+            pytest.skip(f"needs a new, empty database; cannot create one: {exc}")
 
     async def url_for(self, target: Target, base: str) -> str:
         """The module's database on ``target``'s server; the shared test

@@ -44,15 +44,20 @@ SHOP = af.Schema(
 class Shop:
     """A migrated namespace of SHOP with two accounts, and a way to look."""
 
-    def __init__(self, db: af.Database, namespace: str) -> None:
+    def __init__(self, db: af.Database, namespace: str, *, outbox: bool | None = None) -> None:
         self.db = db
         self.namespace = namespace
+        # Units' outbox= (None: the Database's), and whether they write entries.
+        self.outbox = outbox
+        self.writes_entries = db.options.outbox if outbox is None else outbox
 
     def ident(self, table: str) -> af.Identifier:
         return self.db.layout(SHOP, self.namespace).table(table).identifier
 
     async def run(self, fn: Any, **options: Any) -> Any:
-        return await self.db.execute_uow(fn, schema=SHOP, namespace=self.namespace, **options)
+        return await self.db.execute_uow(
+            fn, schema=SHOP, namespace=self.namespace, outbox=self.outbox, **options
+        )
 
     async def balance(self, owner: str) -> int:
         query = af.sql(
@@ -256,19 +261,24 @@ async def _seed(uow: af.UnitOfWork) -> None:
 # -- 2/3. idempotency keys: a unit applied once per key --------------------------
 
 
-@pytest.fixture(params=[True, False], ids=["outbox", "no-outbox"])
+@pytest.fixture(
+    params=[(True, None), (False, None), (True, False)],
+    ids=["outbox", "no-outbox", "outbox-off-per-unit"],
+)
 async def keyed_shop(
     request: pytest.FixtureRequest, url: str, target: Target
 ) -> AsyncIterator[Shop]:
     """A seeded namespace on a Database with the outbox on or off (a key
-    then records itself in a table of its own)."""
-    async with af.connect(url, backend=target.backend, pool_size=4, outbox=request.param) as db:
+    then records itself in a table of its own), or on with units that turn
+    it off (``execute_uow(outbox=False)``: their keys go to that table too)."""
+    outbox, per_unit = request.param
+    async with af.connect(url, backend=target.backend, pool_size=4, outbox=outbox) as db:
         namespaces = Namespaces(db)
         namespace = namespaces.use(db, SHOP).namespace
         try:
             await db.migrate(SHOP, namespace=namespace)
             await db.execute_uow(_seed, schema=SHOP, namespace=namespace)
-            yield Shop(db, namespace)
+            yield Shop(db, namespace, outbox=per_unit)
         finally:
             await namespaces.drop()
 
@@ -290,7 +300,7 @@ async def test_a_key_applies_a_unit_once(keyed_shop: Shop) -> None:
     assert raised.value.idempotency_key == key
     assert await shop.balance("alice") == 90
     assert await shop.transfers() == 1
-    if shop.db.options.outbox:
+    if shop.writes_entries:
         [entry] = await shop.entries(key)
         assert raised.value.versionstamp == entry.versionstamp
     else:
@@ -321,7 +331,7 @@ async def test_concurrent_units_with_one_key(keyed_shop: Shop) -> None:
     assert len(outcomes) == 8
     assert await shop.balance("alice") == 90
     assert await shop.transfers() == 1
-    if shop.db.options.outbox:
+    if shop.writes_entries:
         assert len(await shop.entries(key)) == 1
 
 
@@ -439,7 +449,7 @@ async def test_write_to_a_missing_row_writes_nothing(
         await shop.run(unit, retry=af.NoRetry(), idempotency_key=key)
     assert await shop.balance("alice") == 100
     assert await shop.transfers() == 0
-    if shop.db.options.outbox:
+    if shop.writes_entries:
         assert await shop.entries(key) == []
     # Nothing recorded the key either: it can still be used.
     await shop.run(debit(10), idempotency_key=key)
@@ -481,7 +491,7 @@ async def test_write_to_a_row_deleted_since_it_was_read_runs_again(keyed_shop: S
     await shop.run(unit, idempotency_key=key)
     assert seen == [True, False]
     assert await shop.balance("alice") == 1
-    if shop.db.options.outbox:
+    if shop.writes_entries:
         [entry] = await shop.entries(key)
         assert [m["set"] for m in entry.mutations] == [{"balance": 1}]
 
@@ -589,7 +599,7 @@ async def test_units_around_the_statement_size_limits_commit(keyed_shop: Shop, s
     await shop.run(unit, idempotency_key=key)
     assert await shop.transfers() == size - 1
     assert await shop.balance("alice") == 1
-    if shop.db.options.outbox:
+    if shop.writes_entries:
         [entry] = await shop.entries(key)
         assert len(entry.mutations) == size
         assert [m["values"]["amount"] for m in entry.mutations[1:]] == list(range(size - 1))

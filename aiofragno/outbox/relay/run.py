@@ -98,7 +98,7 @@ class _Relay:
             entries = await ride_out(
                 self.db,
                 "the outbox relay",
-                partial(read_entries, self.db, self.db, cursor, self.batch_size),
+                partial(read_entries, self.db, cursor, self.batch_size),
             )
             if entries:
                 try:

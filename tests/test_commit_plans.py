@@ -40,7 +40,7 @@ from aiofragno.uow.ops import MutationOp
 from aiofragno.uow.outcomes import Outcome, PhaseConflict, classify
 from aiofragno.uow.stale import STALE
 from aiofragno.uow.unit import UnitOfWork
-from aiofragno.url import Options, parse_url
+from aiofragno.url import Options, OutboxStrategy, parse_url
 
 STAMP = "0000000000000000000a"
 SCHEMA = af.Schema(
@@ -208,9 +208,11 @@ DIALECTS = {
 }
 
 
-def _engine(name: str, connection: FakeConnection, *, outbox: bool) -> Engine:
+def _engine(name: str, connection: FakeConnection, *, outbox: bool | OutboxStrategy) -> Engine:
+    """An engine on ``connection``; ``outbox=True`` is the counter strategy
+    (the cases below are its statements) on every dialect."""
     module = __import__(DIALECTS[name][0], fromlist=["create_compiler"])
-    options = Options(outbox=outbox, reconnect_deadline=None)
+    options = Options(outbox="counter" if outbox is True else outbox, reconnect_deadline=None)
 
     async def connect() -> FakeConnection:
         return connection

@@ -50,7 +50,8 @@ from .entry import OutboxEntry
 from .lease import MAX_LEASE, MIN_LEASE, AlreadyPast, Lease, LeaseLost
 from .queries import check_limit, latest, read_entries
 from .riding import Attempt, ride_out, unavailable
-from .tables import CONSUMERS_ID, OUTBOX_ID
+from .tables import CONSUMERS_ID
+from .ticks import entries, tick_if_due
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -133,8 +134,9 @@ class Consumer:
         cursor = await self.position()
         vs = Identifier("versionstamp")
         where = sql_using("") if cursor is None else sql_using("WHERE {vs} > {c}", vs=vs, c=cursor)
+        await tick_if_due(self._db)
         return await self._db.fetch_value(
-            sql_using("SELECT COUNT(*) FROM {t} {w}", t=OUTBOX_ID, w=where), int
+            sql_using("SELECT COUNT(*) FROM {t} {w}", t=entries(self._db), w=where), int
         )
 
     async def dead_letters(self) -> list[DeadLetter]:

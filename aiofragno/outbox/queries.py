@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from ..errors import ValidationError
 from ..sql import Fragment, Identifier, sql
 from .entry import OutboxEntry, entries_from_rows
-from .tables import OUTBOX_ID
+from .ticks import entries, tick_if_due
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -32,13 +32,14 @@ async def read_entries(
     db: Engine, queries: Queries, after: str | None, limit: int
 ) -> list[OutboxEntry]:
     """Up to ``limit`` entries after ``after``, through ``queries`` (the
-    engine, or a transaction)."""
+    engine, or a transaction); the outbox ticked first if due (:mod:`.ticks`)."""
+    await tick_if_due(db)
     vs = Identifier("versionstamp")
     where = sql("") if after is None else sql("WHERE {vs} > {after}", vs=vs, after=after)
     query = sql(
         "SELECT {cols} FROM {t} {where} ORDER BY {vs} LIMIT {n}",
         cols=COLUMNS,
-        t=OUTBOX_ID,
+        t=entries(db),
         where=where,
         vs=vs,
         n=limit,
@@ -47,8 +48,10 @@ async def read_entries(
     return entries_from_rows(await queries.fetch(query), decode)
 
 
-async def latest(queries: Queries) -> str | None:
-    """The versionstamp of the newest entry, or None when empty."""
+async def latest(db: Engine) -> str | None:
+    """The versionstamp of the newest entry, or None when empty (the
+    outbox ticked first if due)."""
+    await tick_if_due(db)
     vs = Identifier("versionstamp")
-    value = await queries.fetch_value(sql("SELECT MAX({vs}) FROM {t}", vs=vs, t=OUTBOX_ID))
+    value = await db.fetch_value(sql("SELECT MAX({vs}) FROM {t}", vs=vs, t=entries(db)))
     return None if value is None else str(value)

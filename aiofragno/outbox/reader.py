@@ -10,7 +10,7 @@ from ..sql import Identifier, sql
 from .consumer import Consumer
 from .entry import OutboxEntry, entries_from_rows
 from .queries import COLUMNS, check_limit, latest, read_entries
-from .tables import OUTBOX_ID
+from .ticks import entries, tick
 from .versionstamp import check_versionstamp
 
 if TYPE_CHECKING:
@@ -48,11 +48,15 @@ class OutboxReader:
                 await runtime.sleep(poll_interval)
 
     async def find(self, uow_id: str) -> OutboxEntry | None:
-        """The entry a unit of work with idempotency key ``uow_id`` committed, if any."""
+        """The entry a unit of work with idempotency key ``uow_id`` committed,
+        if any. Under the "ticks" strategy this ticks first (waiting for a
+        tick in progress), so the entry of a unit that has committed is
+        found with its versionstamp."""
+        await tick(self._db, wait=True)
         query = sql(
             "SELECT {cols} FROM {t} WHERE {u} = {uow}",
             cols=COLUMNS,
-            t=OUTBOX_ID,
+            t=entries(self._db),
             u=Identifier("uow_id"),
             uow=uow_id,
         )

@@ -144,6 +144,10 @@ async def run_mutations(
     stamp = await db.commit_plan.commit(phase)
     if values is not None:
         uow.versionstamp = stamp
+        if stamp is None:
+            # Versioned by a tick (outbox.ticks), which this engine's next
+            # read then waits for, so that it reads its own units.
+            db.outbox_unticked = True
 
 
 def _writes(ops: Sequence[MutationOp]) -> bool:
@@ -212,7 +216,7 @@ async def execute_uow(
     nonce = new_nonce()
     hooks = hooks or NO_HOOKS
     # A unit leaves a record to settle a lost COMMIT by: its outbox entry, or its key.
-    settles = db.options.outbox or idempotency_key is not None
+    settles = db.outbox_strategy is not None or idempotency_key is not None
     # One reconnect budget for the whole unit, shared by every retry inside it.
     with shared_deadline(db.options.reconnect_deadline) as lost:
         attempt = 0

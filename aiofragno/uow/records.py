@@ -19,7 +19,8 @@ from ..driver import CompiledQuery
 from ..errors import AlreadyApplied, CommitOutcomeUnknown, ConnectionLost
 from ..lost_session import end_session
 from ..migrate import SETTINGS_TABLE
-from ..outbox.tables import OUTBOX_ID, UNIT_KEYS_ID, VERSION_KEY
+from ..outbox.tables import OUTBOX_ID, UNIT_KEYS_ID, VERSION_KEY, VERSIONS_ID
+from ..outbox.ticks import tick
 from ..resilience import retry_read
 from ..session import outside_transactions
 from ..sql import Identifier, sql
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ..session import Queries
     from .unit import UnitOfWork
 
+VS = Identifier("versionstamp")
 # How long a lost session may take to end once asked to.
 END_SESSION_TIMEOUT = 30.0
 
@@ -67,11 +69,22 @@ async def find_record(db: Engine, queries: Queries, uow_id: str) -> Record | Non
     """The record of the unit of work ``uow_id`` (through ``queries``: the
     engine or a transaction), or None when none committed."""
     if db.options.outbox:
+        # (An entry under ticks has its versionstamp in the versions table,
+        # once ticked; the record is found before that too.)
+        versioned = db.adapter.sql.outbox_ticks is not None
         query = sql(
-            "SELECT {n} AS nonce, {vs} AS versionstamp FROM {t} WHERE {u} = {id}",
+            "SELECT o.{n} AS nonce, {vs} AS versionstamp FROM {t} o {join} WHERE o.{u} = {id}",
             n=Identifier("nonce"),
-            vs=Identifier("versionstamp"),
+            vs=sql("COALESCE(o.{vs}, v.{vs})" if versioned else "o.{vs}", vs=VS),
             t=OUTBOX_ID,
+            join=sql(
+                "LEFT JOIN {v} v ON v.{e} = o.{i}",
+                v=VERSIONS_ID,
+                e=Identifier("entry_id"),
+                i=Identifier("id"),
+            )
+            if versioned
+            else sql(""),
             u=Identifier("uow_id"),
             id=uow_id,
         )
@@ -108,8 +121,10 @@ async def committed(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcome
     broke during COMMIT (``lost``): its record exists (:mod:`.records`)
     with this call's ``nonce``. The lost server session is ended first
     (:mod:`aiofragno.lost_session`), so nothing can commit the phase after
-    we looked; with the outbox, the counter row is locked as well, so a
-    commit that finished just now is visible. All of it on connections of
+    we looked; with the counter's outbox, the counter row is locked as
+    well, so a commit that finished just now is visible (under ticks the
+    entry is found by ``uow_id`` and nonce whether or not it has been
+    versioned yet). All of it on connections of
     its own, even when the caller has a transaction open: held there, the
     counter's lock would stop the unit's re-run until the caller — who
     waits for that re-run — commits. Raises :class:`AlreadyApplied` when
@@ -120,7 +135,7 @@ async def committed(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcome
         await end_session(db, lost.server_session, END_SESSION_TIMEOUT)
         try:
             async with db.transaction() as tx:
-                if db.options.outbox:
+                if db.outbox_strategy == "counter":
                     await tx.fetch(counter_lock(db))
                 record = await find_record(db, tx, uow.uow_id)
         except CommitOutcomeUnknown as exc:
@@ -176,6 +191,8 @@ async def key_taken(db: Engine, uow: UnitOfWork, nonce: str) -> AlreadyApplied |
     failed, which leaves the violation as the answer: nothing committed)."""
     try:
         with outside_transactions():
+            if db.options.outbox:
+                await tick(db, wait=True)  # (so that the entry's versionstamp is known)
             record = await find_record(db, db, uow.uow_id)
     except Exception:
         return None

@@ -223,9 +223,14 @@ async def verify(db: af.Database, transfers: int, *, outbox: bool = False) -> No
     if outbox:
         # (Under ticks, entries are versioned by a tick after they commit.)
         await ticks.tick(db._engine, wait=True)
+        versionstamp = af.Identifier("versionstamp")
         stamps = await db.fetch(
-            af.sql(
-                "SELECT {v} FROM {t}", v=af.Identifier("versionstamp"), t=ticks.entries(db._engine)
+            af.Fragment.join(
+                [
+                    af.sql("SELECT {v} FROM {t}", v=versionstamp, t=source)
+                    for source in ticks.sources(db._engine)
+                ],
+                " UNION ALL ",
             )
         )
         versions = sorted(int(row["versionstamp"][:20], 16) for row in stamps)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from ..errors import ValidationError
 from ..sql import Fragment, Identifier, sql
 from .entry import OutboxEntry, entries_from_rows
-from .ticks import entries, tick_if_due
+from .ticks import sources, tick_if_due
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -36,14 +36,29 @@ async def read_entries(
     await tick_if_due(db)
     vs = Identifier("versionstamp")
     where = sql("") if after is None else sql("WHERE {vs} > {after}", vs=vs, after=after)
-    query = sql(
-        "SELECT {cols} FROM {t} {where} ORDER BY {vs} LIMIT {n}",
-        cols=COLUMNS,
-        t=entries(db),
-        where=where,
-        vs=vs,
-        n=limit,
-    )
+    pages = [
+        sql(
+            "SELECT {cols} FROM {t} {where} ORDER BY {vs} LIMIT {n}",
+            cols=COLUMNS,
+            t=source,
+            where=where,
+            vs=vs,
+            n=limit,
+        )
+        for source in sources(db)
+    ]
+    # (Each source's page by its own index, then merged: a plan over their
+    # union sorts all of them.)
+    query = pages[0]
+    if len(pages) > 1:
+        union = Fragment.join([sql("({p})", p=page) for page in pages], " UNION ALL ")
+        query = sql(
+            "SELECT {cols} FROM ({u}) AS af_pages ORDER BY {vs} LIMIT {n}",
+            cols=COLUMNS,
+            u=union,
+            vs=vs,
+            n=limit,
+        )
     decode = db.codec.decoder("timestamp")
     return entries_from_rows(await queries.fetch(query), decode)
 
@@ -53,5 +68,14 @@ async def latest(db: Engine) -> str | None:
     outbox ticked first if due)."""
     await tick_if_due(db)
     vs = Identifier("versionstamp")
-    value = await db.fetch_value(sql("SELECT MAX({vs}) FROM {t}", vs=vs, t=entries(db)))
-    return None if value is None else str(value)
+    newest = Fragment.join(
+        [
+            sql("(SELECT MAX({vs}) FROM {t}) AS m{i}", vs=vs, t=source, i=Fragment((str(i),)))
+            for i, source in enumerate(sources(db))
+        ]
+    )
+    row = await db.fetch_one(sql("SELECT {newest}", newest=newest))
+    stamps = [
+        str(value) for value in (row.values() if row is not None else ()) if value is not None
+    ]
+    return max(stamps, default=None)

@@ -6,11 +6,11 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from .. import runtime
-from ..sql import Identifier, sql
+from ..sql import Fragment, Identifier, sql
 from .consumer import Consumer
 from .entry import OutboxEntry, entries_from_rows
 from .queries import COLUMNS, check_limit, latest, read_entries
-from .ticks import entries, tick
+from .ticks import sources, tick
 from .versionstamp import check_versionstamp
 
 if TYPE_CHECKING:
@@ -53,12 +53,18 @@ class OutboxReader:
         tick in progress), so the entry of a unit that has committed is
         found with its versionstamp."""
         await tick(self._db, wait=True)
-        query = sql(
-            "SELECT {cols} FROM {t} WHERE {u} = {uow}",
-            cols=COLUMNS,
-            t=entries(self._db),
-            u=Identifier("uow_id"),
-            uow=uow_id,
+        query = Fragment.join(
+            [
+                sql(
+                    "SELECT {cols} FROM {t} WHERE {u} = {uow}",
+                    cols=COLUMNS,
+                    t=source,
+                    u=Identifier("uow_id"),
+                    uow=uow_id,
+                )
+                for source in sources(self._db)
+            ],
+            " UNION ALL ",
         )
         rows = await self._db.fetch(query)
         decode = self._db.codec.decoder("timestamp")

@@ -86,31 +86,35 @@ async def tick_if_due(db: Engine) -> None:
         await tick(db)
 
 
-def _union() -> Fragment:
+def _sources() -> tuple[Fragment, Fragment]:
     columns = ("uow_id", "payload", "ref_map", "created_at")
     own = Fragment.join([sql("{c}", c=Identifier(c)) for c in ("versionstamp", *columns)])
     joined = Fragment.join([sql("o.{c}", c=Identifier(c)) for c in columns])
     vs = Identifier("versionstamp")
-    return sql(
-        "(SELECT {own} FROM {t} WHERE {vs} IS NOT NULL UNION ALL "
-        "SELECT v.{vs}, {joined} FROM {v} v JOIN {t} o ON o.{id} = v.{entry}) AS af_entries",
-        own=own,
-        t=OUTBOX_ID,
+    counted = sql(
+        "(SELECT {own} FROM {t} WHERE {vs} IS NOT NULL) AS af_counted", own=own, t=OUTBOX_ID, vs=vs
+    )
+    ticked = sql(
+        "(SELECT v.{vs}, {joined} FROM {v} v JOIN {t} o ON o.{id} = v.{entry}) AS af_ticked",
         vs=vs,
         joined=joined,
         v=VERSIONS_ID,
+        t=OUTBOX_ID,
         id=Identifier("id"),
         entry=Identifier("entry_id"),
     )
+    return counted, ticked
 
 
-_ENTRIES = _union()
+_BOTH = _sources()
+_TABLE = (sql("{t}", t=OUTBOX_ID),)
 
 
-def entries(db: Engine) -> Fragment:
-    """What readers select entries from, with columns ``versionstamp``,
-    ``uow_id``, ``payload``, ``ref_map``, ``created_at``: the outbox table;
-    where the dialect has ticks, its counter's entries and its ticked ones
-    (both kinds can be in one table: a database that moved from one
-    strategy to the other)."""
-    return _ENTRIES if db.adapter.sql.outbox_ticks is not None else sql("{t}", t=OUTBOX_ID)
+def sources(db: Engine) -> tuple[Fragment, ...]:
+    """What readers select entries from, each with the columns
+    ``versionstamp``, ``uow_id``, ``payload``, ``ref_map``, ``created_at``:
+    the outbox table; where the dialect has ticks, its counter's entries
+    and its ticked ones (a database can hold both: one that moved from
+    one strategy to the other). A reader queries each (each by its own
+    index) and merges."""
+    return _BOTH if db.adapter.sql.outbox_ticks is not None else _TABLE

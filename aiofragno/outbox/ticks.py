@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import runtime
-from ..session import outside_transactions
+from ..session import current_transaction, outside_transactions
 from ..sql import Fragment, Identifier, sql
 from .tables import OUTBOX_ID, VERSION_KEY, VERSIONS_ID
 
@@ -53,10 +53,16 @@ async def tick(db: Engine, *, wait: bool = False) -> int | None:
     """Give versions to the entries committed since the last tick, in a
     transaction of its own; how many it versioned. None when another
     ticker held the lock and ``wait`` is false (that ticker versions what
-    this one would have). 0 where the dialect has no ticks."""
+    this one would have), or when called inside a transaction the caller
+    has open on ``db``. 0 where the dialect has no ticks."""
     ticks = db.adapter.sql.outbox_ticks
     if ticks is None:
         return 0
+    if current_transaction(db) is not None:
+        # A read in the caller's transaction reads what has been ticked:
+        # ticking takes a connection of its own, which could wait for the
+        # caller's (a pool of one) and its transaction.
+        return None
     unticked, db.outbox_unticked = db.outbox_unticked, False
     try:
         with outside_transactions():

@@ -375,3 +375,19 @@ async def test_migrate_upgrades_an_outbox_from_before_ticks(
         entries = await db.outbox.list()
     assert [version_of(e.versionstamp) for e in entries] == [1, 2, 3, 4]
     assert [e.mutations[0]["values"]["n"] for e in entries] == [1, 2, 3, 4]
+
+
+async def test_reading_inside_a_transaction_does_not_tick(url: str, target: Target) -> None:
+    """A read in the caller's transaction does not tick (that would take a
+    second connection, which a pool of one only frees when the transaction
+    ends): it reads what has been ticked, and the next read outside ticks."""
+    async with af.connect(url, backend=target.backend, outbox="ticks", pool_size=1) as db:
+        await db.migrate(SCHEMA, namespace="inside")
+        start = await db.outbox.latest()
+        await db.execute_uow(event(1), schema=SCHEMA, namespace="inside")
+        with anyio.fail_after(LIMIT):
+            async with db.transaction():
+                assert await db.outbox.list(after=start) == []
+                assert await db.outbox.find("no-such-unit") is None
+            [entry] = await db.outbox.list(after=start)
+        assert entry.mutations[0]["values"] == {"n": 1}

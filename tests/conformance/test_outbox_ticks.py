@@ -222,7 +222,9 @@ async def test_readers_see_a_gap_free_commit_ordered_run_under_load(
         assert checked == sorted(checked) and len(set(checked)) == len(checked)
 
 
-async def test_a_long_transaction_does_not_hold_back_later_commits(env: Env) -> None:
+async def test_a_long_transaction_does_not_hold_back_later_commits(
+    env: Env, url: str, target: Target
+) -> None:
     """An entry whose transaction stays open does not stall the ones that
     commit after it began: they are versioned and read meanwhile; it gets
     the next version once it commits — after the cursor, not behind it."""
@@ -237,7 +239,11 @@ async def test_a_long_transaction_does_not_hold_back_later_commits(env: Env) -> 
         writes=[],
     )
     with anyio.fail_after(LIMIT):
-        async with db.transaction() as long:
+        # (On a Database of its own: in this task, db's reads would join it.)
+        async with (
+            af.connect(url, backend=target.backend, pool_size=1) as elsewhere,
+            elsewhere.transaction() as long,
+        ):
             # The long transaction writes its entry first (the writer's statement).
             for query in engine.outbox_statements.queries(values):
                 await long.session.execute(query)

@@ -145,7 +145,11 @@ async def committed(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcome
             return False
         if record.nonce != nonce:
             raise already_applied(uow.uow_id, record.versionstamp)
-        uow.versionstamp = record.versionstamp
+        if db.outbox_strategy == "ticks":
+            # As after a COMMIT that answered: known from a tick, not now.
+            db.outbox_unticked = True
+        else:
+            uow.versionstamp = record.versionstamp
         return True
 
     with outside_transactions():

@@ -265,11 +265,12 @@ class SqlSnippets:
     session_process: str | None = None
     end_process: str | None = None
     # Run first in a mutation phase at "repeatable read" or "serializable"
-    # with the outbox on: it waits for the outbox counter's writers before
-    # the transaction takes its snapshot. Without it, reserving a version
-    # fails as a serialization conflict whenever another outbox unit
-    # committed after the snapshot was taken (PostgreSQL's first-updater-
-    # wins rule; LOCK TABLE takes no snapshot). None: no such rule.
+    # with the counter's outbox on (not under ticks): it waits for the
+    # outbox counter's writers before the transaction takes its snapshot.
+    # Without it, reserving a version fails as a serialization conflict
+    # whenever another outbox unit committed after the snapshot was taken
+    # (PostgreSQL's first-updater-wins rule; LOCK TABLE takes no snapshot).
+    # None: no such rule.
     outbox_snapshot_lock: str | None = None
     # The outbox's "ticks" strategy (:mod:`aiofragno.outbox.ticks`); None:
     # the dialect has only the counter.

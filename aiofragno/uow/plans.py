@@ -92,7 +92,8 @@ class _InTransaction(ABC):
         """The operations, then the entry and COMMIT; the entry's results."""
 
     async def begin(self, phase: Phase) -> None:
-        """Open the phase's transaction. With the outbox, at a snapshot
+        """Open the phase's transaction. With the counter's outbox (the
+        plan's ``snapshot_lock``; none under ticks), at a snapshot
         isolation level, first wait for the outbox counter, before any
         statement takes the snapshot
         (:attr:`SqlSnippets.outbox_snapshot_lock

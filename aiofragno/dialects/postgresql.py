@@ -50,7 +50,11 @@ SESSION_SQL = f"SELECT {SESSION} FROM pg_stat_activity WHERE pid = pg_backend_pi
 # each tick records the snapshot it read in; the entries committed since the
 # previous tick's snapshot are those of transactions at or past its xmax or
 # in progress then (its xip list), read through the index on "xid" (the
-# statement sees committed rows only, as of the snapshot it records). They
+# statement sees committed rows only, as of the snapshot it records). Each
+# of the two is its own index scan, found apart from the numbering: the
+# range's upper bound, which no visible row reaches anyway, makes the
+# planner take it as narrow, as in PgQ's batch queries; ordered by id
+# together, a plan scanned the whole table in id order. They
 # take the counter's next versions, in entry id order (the counter row is
 # created if missing, as the counter's writers do). No tick is recorded
 # when nothing committed: the next one then compares with the last recorded.
@@ -59,10 +63,15 @@ _VERSIONS_TABLE = '"fragno_db_outbox_versions"'
 _TICK_LOCK = "hashtext('aiofragno.outbox.tick')"
 OUTBOX_TICK = f"""WITH prev AS (
   SELECT "snapshot" AS s FROM {_TICKS_TABLE} ORDER BY "id" DESC LIMIT 1
-), batch AS (
-  SELECT o."id", row_number() OVER (ORDER BY o."id") AS n FROM "fragno_db_outbox" o
+), fresh AS MATERIALIZED (
+  SELECT o."id" FROM "fragno_db_outbox" o
   WHERE o."xid" >= (SELECT pg_snapshot_xmax(s) FROM prev)
-     OR o."xid" = ANY (ARRAY(SELECT pg_snapshot_xip(s) FROM prev))
+    AND o."xid" < pg_snapshot_xmax(pg_current_snapshot())
+  UNION ALL
+  SELECT o."id" FROM "fragno_db_outbox" o
+  WHERE o."xid" = ANY (ARRAY(SELECT pg_snapshot_xip(s) FROM prev))
+), batch AS (
+  SELECT "id", row_number() OVER (ORDER BY "id") AS n FROM fresh
 ), counted AS (
   SELECT count(*) AS total FROM batch
 ), reserved AS (

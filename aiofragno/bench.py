@@ -148,6 +148,8 @@ def _compare(args: argparse.Namespace, url: str | None) -> None:
     variants = {"aiofragno", *compared}
     if args.outbox:  # with the same outbox statements written by hand too
         variants |= {"aiofragno+outbox"} | ({"raw+outbox"} if "raw" in compared else set())
+        # (And under ticks, where the harness has that variant: PostgreSQL.)
+        variants.add("aiofragno+ticks")
     command = [
         sys.executable, "-m", "benchmarks.transfer", "--backend", dialect,
         "--units", str(args.units), "--concurrency", str(args.concurrency),

@@ -212,6 +212,12 @@ class DdlSpec:
     add_column_references: bool = True
     # Drops index {index} of table {table} (both quoted).
     drop_index_sql: str = "DROP INDEX {index}"
+    # What the outbox's "ticks" strategy adds (:mod:`aiofragno.outbox.ticks`):
+    # the entries' transaction id column and its index, the tables of ticks
+    # and of the versions they gave, and the first tick. Each statement is
+    # idempotent; run by every migration until the id column exists. Empty:
+    # the dialect has only the counter.
+    outbox_ticks_sql: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,11 +274,12 @@ class SqlSnippets:
     session_process: str | None = None
     end_process: str | None = None
     # Run first in a mutation phase at "repeatable read" or "serializable"
-    # with the outbox on: it waits for the outbox counter's writers before
-    # the transaction takes its snapshot. Without it, reserving a version
-    # fails as a serialization conflict whenever another outbox unit
-    # committed after the snapshot was taken (PostgreSQL's first-updater-
-    # wins rule; LOCK TABLE takes no snapshot). None: no such rule.
+    # with the counter's outbox on (not under ticks): it waits for the
+    # outbox counter's writers before the transaction takes its snapshot.
+    # Without it, reserving a version fails as a serialization conflict
+    # whenever another outbox unit committed after the snapshot was taken
+    # (PostgreSQL's first-updater-wins rule; LOCK TABLE takes no snapshot).
+    # None: no such rule.
     outbox_snapshot_lock: str | None = None
     # Where a read view can miss a transaction that committed before one it
     # sees (InnoDB: a view copies the list of running transactions while
@@ -291,6 +298,28 @@ class SqlSnippets:
     # :class:`Listens`). None: readers poll.
     outbox_wake: str | None = None
     outbox_channel: str | None = None
+    # The outbox's "ticks" strategy (:mod:`aiofragno.outbox.ticks`); None:
+    # the dialect has only the counter.
+    outbox_ticks: OutboxTicksSql | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxTicksSql:
+    """The SQL of the outbox's "ticks" strategy (:mod:`aiofragno.outbox.ticks`).
+
+    ``entry_xid``: an expression naming the writing transaction, stored
+    with each entry. ``try_lock`` and ``lock``: take the ticker's lock
+    until the transaction ends, returning one row whose ``taken`` column
+    is true once it is held (``try_lock``: false at once if another
+    holds it). ``tick``: in the transaction holding that lock, versions
+    every entry committed since the last tick (a ``{key}``: the version
+    counter's settings key), returning one row whose ``versioned`` column
+    counts them."""
+
+    entry_xid: str
+    try_lock: str
+    lock: str
+    tick: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ schemas and their layouts, migrations.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from . import runtime
@@ -22,6 +23,7 @@ from .driver import (
     CompiledQuery,
     Connection,
     Dialect,
+    DialectAdapter,
     IsolationLevel,
     Listens,
     QueryResult,
@@ -36,7 +38,7 @@ from .errors import (
     QueryCanceled,
     ValidationError,
 )
-from .outbox.writer import OutboxStatements
+from .outbox.writer import EntryStatements, OutboxStatements, TickedStatements
 from .queries import Queries
 from .resilience import Deadline, retry_read, shared_deadline
 from .session import Session
@@ -45,7 +47,7 @@ from .stats import Stats
 from .transaction import TransactionContext, current_transaction
 from .uow.plans import CommitPlan
 from .uow.plans import choose as choose_plan
-from .url import DatabaseURL, Options
+from .url import DatabaseURL, Options, OutboxStrategy
 
 
 class Engine(Queries):
@@ -61,11 +63,17 @@ class Engine(Queries):
         self.compiler = dialect.create_query_compiler()
         self._driver = dialect.create_driver()
         self.codec = ValueCodec(self.adapter.storage, naive_datetimes=options.naive_datetimes)
+        # How outbox entries get their versions here (None: the outbox is off).
+        self.outbox_strategy = outbox_strategy(options.outbox, self.adapter, dialect.name)
         # How units of work commit their mutation phase on this database.
-        self.commit_plan: CommitPlan = choose_plan(self.adapter)
+        self.commit_plan: CommitPlan = choose_plan(self.adapter, self.outbox_strategy)
         self.stats = Stats()
         self._closed = False
-        self._outbox_statements: OutboxStatements | None = None
+        self._outbox_statements: EntryStatements | None = None
+        # When this engine last versioned the outbox, and whether it has
+        # committed entries since (aiofragno.outbox.ticks).
+        self.outbox_ticked_at = -math.inf
+        self.outbox_unticked = False
         # Connections open for listening (outside the pool), closed with the engine.
         self._listeners: set[Connection] = set()
 
@@ -83,10 +91,11 @@ class Engine(Queries):
         return self._closed
 
     @property
-    def outbox_statements(self) -> OutboxStatements:
-        """The outbox writer's SQL for this database, compiled once."""
+    def outbox_statements(self) -> EntryStatements:
+        """The outbox writer's SQL for this database and strategy, compiled once."""
         if self._outbox_statements is None:
-            self._outbox_statements = OutboxStatements(self.compiler, self.adapter)
+            kind = TickedStatements if self.outbox_strategy == "ticks" else OutboxStatements
+            self._outbox_statements = kind(self.compiler, self.adapter)
         return self._outbox_statements
 
     def describe(self) -> str:
@@ -261,6 +270,25 @@ class Engine(Queries):
                 code=error.code,
             )
         return error if isinstance(error, Error) else Error(str(error))
+
+
+def outbox_strategy(
+    outbox: bool | OutboxStrategy, adapter: DialectAdapter, dialect: str
+) -> OutboxStrategy | None:
+    """The strategy the ``outbox`` option names on this dialect: None when
+    off; True is "ticks" where the dialect has them, else "counter".
+    :class:`ValidationError` for "ticks" on a dialect without them."""
+    if outbox is False:
+        return None
+    has_ticks = adapter.sql.outbox_ticks is not None
+    if outbox is True:
+        return "ticks" if has_ticks else "counter"
+    if outbox == "ticks" and not has_ticks:
+        raise ValidationError(
+            f'outbox="ticks" needs PostgreSQL; {dialect} has the "counter" strategy only: '
+            'use outbox=True or outbox="counter"'
+        )
+    return outbox
 
 
 def check_isolation(isolation: object) -> None:

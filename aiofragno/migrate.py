@@ -308,6 +308,7 @@ async def _internal_tables(migrator: Migrator, *, dry_run: bool) -> None:
                 await migrator.run(outbox_tables.uow_index_statement(quote), dry_run=dry_run)
         elif table == outbox_tables.OUTBOX:
             await _upgrade_outbox(migrator, columns, dry_run=dry_run)
+    await _outbox_ticks(migrator, dry_run=dry_run)
     if (
         not dry_run
         and await read_setting(migrator.session, migrator.compile, outbox_tables.VERSION_KEY)
@@ -340,6 +341,21 @@ async def _upgrade_outbox(migrator: Migrator, columns: set[str], *, dry_run: boo
         await migrator.run(outbox_tables.uow_index_statement(quote), dry_run=dry_run)
     if outbox_tables.OLD_UOW_INDEX in indexes:
         statement = outbox_tables.old_uow_index_drop_statement(spec, quote)
+        await migrator.run(statement, dry_run=dry_run)
+
+
+async def _outbox_ticks(migrator: Migrator, *, dry_run: bool) -> None:
+    """What the outbox's "ticks" strategy adds, where the dialect has it
+    (:attr:`DdlSpec.outbox_ticks_sql <aiofragno.driver.DdlSpec.outbox_ticks_sql>`),
+    to a new outbox table or one made by an earlier layout, until its
+    ``xid`` column exists (the statements are idempotent)."""
+    spec = migrator.ddl.spec
+    if not spec.outbox_ticks_sql:
+        return
+    columns = await migrator.fetch_names(spec.columns_sql, schema=None, table=outbox_tables.OUTBOX)
+    if "xid" in columns:
+        return
+    for statement in spec.outbox_ticks_sql:
         await migrator.run(statement, dry_run=dry_run)
 
 

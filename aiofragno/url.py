@@ -232,6 +232,7 @@ def _sqlite(url: str, parts: SplitResult, backend: str, query: dict[str, str]) -
 NamingName = Literal["suffix", "schema"]
 SqliteTimestamps = Literal["epoch-ms", "iso-text"]
 NaiveDatetimes = Literal["reject", "utc"]
+OutboxStrategy = Literal["counter", "ticks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,8 +253,13 @@ class Options:
     """How long opening one connection may take (``PGCONNECT_TIMEOUT``)."""
     command_timeout: float | None = None
     """Per-statement limit (PostgreSQL, MySQL), None for none."""
-    outbox: bool = False
-    """Write an outbox entry with every unit of work that changes data."""
+    outbox: bool | OutboxStrategy = False
+    """Write an outbox entry with every unit of work that changes data. True
+    uses the dialect's default strategy; or name one (docs/outbox.md):
+    "counter" (every dialect: the version is reserved from one counter row
+    just before COMMIT, known at commit) or "ticks" (PostgreSQL: entries
+    are versioned shortly after they commit, by whoever reads the outbox,
+    so writers share no row and commits group)."""
     reconnect_deadline: float | None = 30.0
     """While the server cannot be reached, how long new work waits (retrying
     with backoff) before :class:`DatabaseUnavailable`; None: do not wait."""
@@ -368,9 +374,13 @@ class Options:
                 raise ValidationError(f"{spec.name} must be a positive number, got {value!r}")
         _check_choice("sqlite_timestamps", self.sqlite_timestamps, get_args(SqliteTimestamps))
         _check_choice("naive_datetimes", self.naive_datetimes, get_args(NaiveDatetimes))
-        for flag in ("pre_ping", "outbox"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ValidationError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+        if not isinstance(self.pre_ping, bool):
+            raise ValidationError(f"pre_ping must be a bool, got {self.pre_ping!r}")
+        if not isinstance(self.outbox, bool) and self.outbox not in get_args(OutboxStrategy):
+            raise ValidationError(
+                f"outbox must be a bool or one of {', '.join(get_args(OutboxStrategy))}; "
+                f"got {self.outbox!r}"
+            )
         if not isinstance(self.ssl, bool | SSLContext | None):
             raise ValidationError(
                 f"ssl must be True, False or an ssl.SSLContext, got {type(self.ssl).__name__}"
@@ -489,7 +499,7 @@ class ConnectOptions(TypedDict, total=False):
     acquire_timeout: float
     connect_timeout: float
     command_timeout: float | None
-    outbox: bool
+    outbox: bool | OutboxStrategy
     reconnect_deadline: float | None
     pre_ping: bool
     max_lifetime: float | None
@@ -545,6 +555,8 @@ def _parse_option(name: str, text: str) -> Any:
     if kind.endswith("| None") and text.lower() in ("none", "null", ""):
         return None
     try:
+        if kind == "bool | OutboxStrategy" and text in get_args(OutboxStrategy):
+            return text
         if kind.startswith("bool"):
             if text.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
                 raise ValueError(text)

@@ -7,7 +7,10 @@ version check (``UPDATE ... SET balance = ?, _version = _version + 1 WHERE id
 inserts a transfer row. The same work, written five ways per backend:
 
 * ``aiofragno``: ``db.execute_uow`` (outbox off);
-* ``aiofragno+outbox``: the same with ``outbox=True``;
+* ``aiofragno+outbox``: the same with ``outbox="counter"`` (the default
+  strategy outside PostgreSQL);
+* ``aiofragno+ticks`` (PostgreSQL): the same with ``outbox="ticks"``, a task
+  ticking every 10 ms beside the workers, as a consumer's polls would;
 * ``raw``: hand-written code on the driver alone, sending the same statements
   aiofragno sends (2 SELECTs; BEGIN, 2 checked UPDATEs, 1 INSERT, COMMIT) to
   the same tables, on one pooled connection per attempt: asyncpg with its
@@ -71,6 +74,7 @@ from typing import Any
 
 import aiofragno as af
 from aiofragno.codec import utc_now
+from aiofragno.outbox.ticks import tick
 from aiofragno.schema import new_external_id
 
 from . import _common as common
@@ -78,6 +82,7 @@ from ._common import POOL_SIZE, SCHEMA, Backoff, Target, asyncmy_options, owner
 from .cpu_meter import NO_CPU, CpuSample, CpuUsed, server_commands
 
 WARMUP = 100
+TICK_EVERY = 0.01
 
 
 class Conflict(Exception):
@@ -117,6 +122,9 @@ class Variant(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
+    async def ticker(self) -> None:  # noqa: B027 (most variants run nothing beside)
+        """What runs beside the workers (the outbox's ticks), if anything."""
+
     async def transfer(self, lo: int, hi: int, amount: int) -> None:
         """One unit, retried on conflict under ``self.policy``."""
         attempt = 0
@@ -141,22 +149,39 @@ class Variant(abc.ABC):
 
 
 class Aiofragno(Variant):
-    def __init__(self, target: Target, *, outbox: bool = False, backend: str | None = None):
+    """``outbox``: False, or the strategy: "counter" (``aiofragno+outbox``)
+    or "ticks" (``aiofragno+ticks``, PostgreSQL: a task of the same process
+    ticks every ``TICK_EVERY`` seconds meanwhile, as a consumer would)."""
+
+    def __init__(self, target: Target, *, outbox: bool | str = False, backend: str | None = None):
         super().__init__(target)
-        self.outbox = outbox
+        self.strategy = outbox
+        self.outbox = bool(outbox)
         self.backend = backend
-        self.name = "aiofragno+outbox" if outbox else "aiofragno"
+        self.name = {False: "aiofragno", "ticks": "aiofragno+ticks"}.get(outbox, "aiofragno+outbox")
         if backend == "sqlite":
             self.name += "-thread"
 
     async def open(self, admin: af.Database) -> None:
         self.db = await af.connect(
-            self.target.url, backend=self.backend, outbox=self.outbox, pool_size=POOL_SIZE
+            self.target.url, backend=self.backend, outbox=self.strategy, pool_size=POOL_SIZE
         )
         self.driver = self.db.backend
+        # (The ticks' own Database, as a consumer's would be: not the workers' pool.)
+        if self.strategy == "ticks":
+            self.ticks_db = await af.connect(self.target.url, pool_size=1)
+
+    async def ticker(self) -> None:
+        if self.strategy != "ticks":
+            return
+        while True:
+            await tick(self.ticks_db._engine)
+            await asyncio.sleep(TICK_EVERY)
 
     async def close(self) -> None:
         await self.db.close()
+        if self.strategy == "ticks":
+            await self.ticks_db.close()
 
     async def transfer(self, lo: int, hi: int, amount: int) -> None:
         await self.db.execute_uow(
@@ -604,10 +629,11 @@ def _sqlalchemy_models(names: common.Names) -> tuple[Any, Any]:
     return Account, Transfer
 
 
-def _server_variants(raw: type[Raw]) -> list[Callable[[Target], Variant]]:
+def _server_variants(raw: type[Raw], *, ticks: bool) -> list[Callable[[Target], Variant]]:
     return [
         Aiofragno,
-        lambda t: Aiofragno(t, outbox=True),
+        lambda t: Aiofragno(t, outbox="counter"),
+        *([lambda t: Aiofragno(t, outbox="ticks")] if ticks else []),
         raw,
         lambda t: raw(t, outbox=True),
         SqlAlchemy,
@@ -624,8 +650,8 @@ VARIANTS: dict[str, list[Callable[[Target], Variant]]] = {
         lambda t: Aiofragno(t, backend="sqlite"),
         RawSqliteThread,
     ],
-    "postgresql": _server_variants(RawAsyncpg),
-    "mysql": _server_variants(RawAsyncmy),
+    "postgresql": _server_variants(RawAsyncpg, ticks=True),
+    "mysql": _server_variants(RawAsyncmy, ticks=False),
 }
 # (label, numerator, denominator, target from DESIGN.md or None)
 RATIOS = [
@@ -634,6 +660,9 @@ RATIOS = [
     # What the outbox costs hand-written code, and us against that.
     ("raw+outbox/raw", "raw+outbox", "raw", None),
     ("aiofragno+outbox/raw+outbox", "aiofragno+outbox", "raw+outbox", None),
+    # The outbox's strategies against no outbox (PostgreSQL has both).
+    ("aiofragno+outbox/aiofragno", "aiofragno+outbox", "aiofragno", None),
+    ("aiofragno+ticks/aiofragno", "aiofragno+ticks", "aiofragno", 0.85),
     ("aiofragno/sqlalchemy", "aiofragno", "sqlalchemy", 3.0),
     ("aiofragno-thread/raw-thread", "aiofragno-thread", "raw-thread", 0.9),
 ]
@@ -717,10 +746,16 @@ async def run(
 
     cpu = CpuSample.take(server)
     started = clock()
-    async with asyncio.TaskGroup() as tg:
-        for _ in range(concurrency):
-            tg.create_task(worker())
-    seconds = clock() - started
+    ticker = asyncio.create_task(variant.ticker())
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(concurrency):
+                tg.create_task(worker())
+        seconds = clock() - started
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
     return (
         seconds,
         latencies,

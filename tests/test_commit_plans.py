@@ -40,7 +40,7 @@ from aiofragno.uow.ops import MutationOp
 from aiofragno.uow.outcomes import Outcome, PhaseConflict, classify
 from aiofragno.uow.stale import STALE
 from aiofragno.uow.unit import UnitOfWork
-from aiofragno.url import Options, parse_url
+from aiofragno.url import Options, OutboxStrategy, parse_url
 
 STAMP = "0000000000000000000a"
 SCHEMA = af.Schema(
@@ -208,9 +208,11 @@ DIALECTS = {
 }
 
 
-def _engine(name: str, connection: FakeConnection, *, outbox: bool) -> Engine:
+def _engine(name: str, connection: FakeConnection, *, outbox: bool | OutboxStrategy) -> Engine:
+    """An engine on ``connection``; ``outbox=True`` is the counter strategy
+    (the cases below are its statements) on every dialect."""
     module = __import__(DIALECTS[name][0], fromlist=["create_compiler"])
-    options = Options(outbox=outbox, reconnect_deadline=None)
+    options = Options(outbox="counter" if outbox is True else outbox, reconnect_deadline=None)
 
     async def connect() -> FakeConnection:
         return connection
@@ -237,7 +239,7 @@ class Case:
 
     dialect: str
     plan: type[Any]
-    outbox: bool
+    outbox: bool | OutboxStrategy
     isolation: IsolationLevel | None
     lost_write: Outcome
     key: str | None = None
@@ -384,6 +386,25 @@ async def test_a_commit_whose_reply_is_lost_is_ambiguous(case: Case) -> None:
     assert classify(done.error) is Outcome.AMBIGUOUS
     assert "may or may not have been applied" in str(done.error)
     assert done.uow.versionstamp is None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("isolation", [None, "serializable"])
+async def test_under_ticks_a_phase_shares_no_row_and_takes_no_lock(
+    isolation: IsolationLevel | None,
+) -> None:
+    """PostgreSQL under ticks: the same plans, but the entry reserves no
+    version (no settings row), names its transaction, and a serializable
+    phase waits for nothing first; the versionstamp is not known yet."""
+    plan = plans.OneCommittingStatement if isolation is None else plans.StatementsThenCommit
+    case = Case("postgresql", plan, "ticks", isolation, Outcome.AMBIGUOUS)
+    done = await run(case)
+    assert done.error is None
+    text = " ".join(done.connection.log)
+    assert "pg_current_xact_id()" in text
+    assert "fragno_db_settings" not in text and "LOCK TABLE" not in text
+    if plan is plans.StatementsThenCommit:  # (the fake answers the one statement with a stamp)
+        assert done.uow.versionstamp is None
 
 
 @pytest.mark.anyio

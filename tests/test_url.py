@@ -3,6 +3,7 @@ bad ones (always :class:`af.ValidationError`, raised before anything is opened).
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import ssl
@@ -14,6 +15,7 @@ import pytest
 
 import aiofragno as af
 from aiofragno.backends import BACKENDS
+from aiofragno.engine import outbox_strategy
 from aiofragno.libpq import from_environment, parse_options, server_settings
 from aiofragno.resilience import is_retryable_loss
 from aiofragno.url import ALIASES, SSL_MODES, DatabaseURL, Options, parse_url, redact_url
@@ -314,6 +316,10 @@ def test_defaults_are_valid() -> None:
         ({"pre_ping": "0"}, {"pre_ping": False}),
         ({"pre_ping": "No"}, {"pre_ping": False}),
         ({"pre_ping": "off"}, {"pre_ping": False}),
+        ({"outbox": "true"}, {"outbox": True}),
+        ({"outbox": "off"}, {"outbox": False}),
+        ({"outbox": "ticks"}, {"outbox": "ticks"}),
+        ({"outbox": "counter"}, {"outbox": "counter"}),
     ],
 )
 def test_query_string_coercion(query: dict[str, str], expected: dict[str, Any]) -> None:
@@ -445,6 +451,9 @@ def test_unknown_option_without_a_close_match_lists_the_known_ones() -> None:
         ({"pre_ping": "maybe"}, "pre_ping"),
         ({"pre_ping": ""}, "pre_ping"),
         ({"pre_ping": "2"}, "pre_ping"),
+        ({"outbox": "tick"}, "outbox"),
+        ({"outbox": "Ticks"}, "outbox"),
+        ({"outbox": ""}, "outbox"),
     ],
 )
 def test_invalid_query_values(query: dict[str, str], name: str) -> None:
@@ -481,6 +490,9 @@ def test_invalid_query_values(query: dict[str, str], name: str) -> None:
         ("pre_ping", 1),
         ("pre_ping", "yes"),
         ("pre_ping", None),
+        ("outbox", "sealer"),
+        ("outbox", None),
+        ("outbox", 1),
     ],
 )
 def test_invalid_keyword_values(name: str, value: Any) -> None:
@@ -1071,3 +1083,29 @@ def test_a_nul_character_is_refused_before_connecting(url: str, options: dict[st
         parsed = parse_url(url)
         Options().merged(parsed.query, options)
     assert "se\x00cret" not in str(caught.value) and "p%00w" not in str(caught.value)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "mysql"])
+def test_outbox_ticks_are_refused_where_the_dialect_has_none(dialect: str) -> None:
+    """outbox="ticks" is PostgreSQL's; elsewhere a ValidationError (raised by
+    af.connect before it connects), naming what to use instead."""
+    module = importlib.import_module(f"aiofragno.dialects.{dialect}")
+    adapter = getattr(module, "ADAPTER", None) or module._BASE
+    with pytest.raises(af.ValidationError, match='outbox="ticks" needs PostgreSQL'):
+        outbox_strategy("ticks", adapter, dialect)
+    assert outbox_strategy(True, adapter, dialect) == "counter"
+    assert outbox_strategy("counter", adapter, dialect) == "counter"
+    assert outbox_strategy(False, adapter, dialect) is None
+
+
+def test_outbox_true_is_ticks_on_postgresql() -> None:
+    from aiofragno.dialects.postgresql import ADAPTER
+
+    assert outbox_strategy(True, ADAPTER, "postgresql") == "ticks"
+    assert outbox_strategy("counter", ADAPTER, "postgresql") == "counter"
+
+
+@pytest.mark.anyio
+async def test_connect_refuses_outbox_ticks_on_sqlite() -> None:
+    with pytest.raises(af.ValidationError, match='outbox="ticks" needs PostgreSQL'):
+        await af.connect("sqlite:///:memory:", outbox="ticks")

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .. import runtime
 from ..errors import DatabaseClosed, DatabaseUnavailable, Error, ValidationError
 from ..resilience import shared_deadline
-from ..sql import Identifier, sql_using
+from ..sql import Fragment, Identifier, sql_using
 from . import dead_letters
 from .dead_letters import DeadLetter
 from .entry import OutboxEntry
@@ -51,7 +51,8 @@ from .lease import MAX_LEASE, MIN_LEASE, AlreadyPast, Lease, LeaseLost
 from .push import CommitWaiter
 from .queries import check_limit, latest, read_entries
 from .riding import Attempt, ride_out, unavailable
-from .tables import CONSUMERS_ID, OUTBOX_ID
+from .tables import CONSUMERS_ID
+from .ticks import sources, tick_if_due
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -134,8 +135,13 @@ class Consumer:
         cursor = await self.position()
         vs = Identifier("versionstamp")
         where = sql_using("") if cursor is None else sql_using("WHERE {vs} > {c}", vs=vs, c=cursor)
+        await tick_if_due(self._db)
+        counts = [
+            sql_using("(SELECT COUNT(*) FROM {t} {w})", t=source, w=where)
+            for source in sources(self._db)
+        ]
         return await self._db.fetch_value(
-            sql_using("SELECT COUNT(*) FROM {t} {w}", t=OUTBOX_ID, w=where), int
+            sql_using("SELECT {counts}", counts=Fragment.join(counts, " + ")), int
         )
 
     async def dead_letters(self) -> list[DeadLetter]:

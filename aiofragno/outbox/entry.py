@@ -58,6 +58,22 @@ def entries_from_rows(rows: Sequence[Any], decode_timestamp: Decode | None) -> l
     return [
         OutboxEntry(*fields)
         for fields in zip(
-            stamps, uow_ids, decoded[: len(rows)], decoded[len(rows) :], created, strict=True
+            stamps,
+            uow_ids,
+            map(_stamped, decoded[: len(rows)], stamps),
+            decoded[len(rows) :],
+            created,
+            strict=True,
         )
     ]
+
+
+def _stamped(payload: dict[str, Any], stamp: str) -> dict[str, Any]:
+    """``payload`` with each mutation's versionstamp: the entry's version and
+    the mutation's index. Under the "ticks" strategy the payload is stored
+    before its version is known (with a stand-in), so readers set it here;
+    the counter's entries already hold these values."""
+    version = stamp[:20]
+    for index, mutation in enumerate(payload.get("mutations", ())):
+        mutation["versionstamp"] = f"{version}{index:04x}"
+    return payload

@@ -74,6 +74,10 @@ class CommitWaiter:
             await runtime.sleep(pause)
         with runtime.move_on_after(end - runtime.monotonic()):
             await self._woken.wait()
+        if self._woken.is_set():
+            # An entry has committed: under ticks the read must tick (waiting
+            # for a tick in progress) to see it, however recent the last tick.
+            self._db.outbox_unticked = True
         # (Before the caller reads again: a notification from now on wakes the next wait.)
         self._woken = runtime.Event()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from ..errors import OutboxCursorPruned, ValidationError
@@ -9,7 +10,8 @@ from ..settings_table import SETTINGS_TABLE
 from ..sql import Fragment, Identifier, sql, sql_using
 from ..transaction import outside_transactions
 from .entry import OutboxEntry, entries_from_rows
-from .tables import OUTBOX_ID, PRUNED_KEY, VERSION_KEY
+from .tables import PRUNED_KEY, VERSION_KEY
+from .ticks import sources, tick_if_due
 from .versionstamp import MAX_INDEX, versionstamp
 
 if TYPE_CHECKING:
@@ -31,22 +33,21 @@ def check_limit(limit: object, name: str = "limit") -> int:
 
 
 async def read_entries(db: Engine, after: str | None, limit: int) -> list[OutboxEntry]:
-    """Up to ``limit`` entries after ``after``, none past :func:`read_bound`;
+    """Up to ``limit`` entries after ``after``, none past :func:`read_bound`,
+    the outbox ticked first if due (:mod:`.ticks`);
     :class:`OutboxCursorPruned` if ``after`` is older than the prune horizon.
 
     The horizon is read after the page: it only grows, and prune moves it in
     the transaction that deletes, so a horizon at or below ``after`` then was
     at or below it while the page was read — nothing the page should hold
     had been deleted. (One statement joining the two made MariaDB 10.11
-    crash freeing its temporary table.) Outside any transaction the caller
-    has open: held there, the read bound's lock would stop every outbox
-    writer until the caller's transaction ends, and an older snapshot could
-    miss entries up to the bound."""
-    with outside_transactions():
+    crash freeing its temporary table.)"""
+    await tick_if_due(db)
+    with _bounded_reading(db):
         up_to = await read_bound(db)
         if up_to == "":
             return []
-        rows = await db.fetch(_page(after, up_to, limit))
+        rows = await db.fetch(_page(db, after, up_to, limit))
         if after is not None:
             pruned = await db.fetch_value(_pruned_horizon())
             if pruned is not None and after < str(pruned):
@@ -54,12 +55,38 @@ async def read_entries(db: Engine, after: str | None, limit: int) -> list[Outbox
     return entries_from_rows(rows, db.codec.decoder("timestamp"))
 
 
-def _page(after: str | None, up_to: str | None, limit: int) -> Fragment:
+def _bounded_reading(db: Engine) -> contextlib.AbstractContextManager[None]:
+    """Where reads are bounded (:func:`read_bound`), they run outside any
+    transaction the caller has open: held there, the bound's lock would
+    stop every outbox writer until the caller's transaction ends, and an
+    older snapshot could miss entries up to the bound."""
+    if db.adapter.sql.outbox_read_horizon is None:
+        return contextlib.nullcontext()
+    return outside_transactions()
+
+
+def _page(db: Engine, after: str | None, up_to: str | None, limit: int) -> Fragment:
+    """The page's query: where the outbox has two sources (the counter's
+    entries and ticked ones), each source's page by its own index, then
+    merged — a plan over their union would sort all of them."""
+    pages = [
+        sql(
+            "SELECT {cols} FROM {t} {where} ORDER BY {vs} LIMIT {n}",
+            cols=COLUMNS,
+            t=source,
+            where=_between(after, up_to),
+            vs=_VS,
+            n=limit,
+        )
+        for source in sources(db)
+    ]
+    if len(pages) == 1:
+        return pages[0]
+    union = Fragment.join([sql("({p})", p=page) for page in pages], " UNION ALL ")
     return sql(
-        "SELECT {cols} FROM {t} {where} ORDER BY {vs} LIMIT {n}",
+        "SELECT {cols} FROM ({u}) AS af_pages ORDER BY {vs} LIMIT {n}",
         cols=COLUMNS,
-        t=OUTBOX_ID,
-        where=_between(after, up_to),
+        u=union,
         vs=_VS,
         n=limit,
     )
@@ -84,17 +111,40 @@ def cursor_pruned(cursor: str, horizon: str) -> OutboxCursorPruned:
 
 async def latest(db: Engine) -> str | None:
     """The versionstamp of the newest entry (none past :func:`read_bound`),
-    or None when empty; outside the caller's transaction, as
-    :func:`read_entries`."""
-    with outside_transactions():
+    or None when empty; the outbox ticked first if due."""
+    await tick_if_due(db)
+    with _bounded_reading(db):
         up_to = await read_bound(db)
         if up_to == "":
             return None
-        query = sql(
-            "SELECT MAX({vs}) FROM {t} {where}", vs=_VS, t=OUTBOX_ID, where=_between(None, up_to)
+        newest = Fragment.join(
+            [
+                sql(
+                    "(SELECT MAX({vs}) FROM {t} {where}) AS m{i}",
+                    vs=_VS,
+                    t=source,
+                    where=_between(None, up_to),
+                    i=Fragment((str(i),)),
+                )
+                for i, source in enumerate(sources(db))
+            ]
         )
-        value = await db.fetch_value(query)
-    return None if value is None else str(value)
+        row = await db.fetch_one(sql("SELECT {newest}", newest=newest))
+    stamps = [str(value) for value in (row.raw if row is not None else ()) if value is not None]
+    return max(stamps, default=None)
+
+
+async def holds(db: Engine, stamp: str) -> bool:
+    """Whether an entry with versionstamp ``stamp`` is in the outbox (in
+    any of its sources)."""
+    found = Fragment.join(
+        [
+            sql("SELECT 1 FROM {t} WHERE {vs} = {stamp}", t=source, vs=_VS, stamp=stamp)
+            for source in sources(db)
+        ],
+        " UNION ALL ",
+    )
+    return bool(await db.fetch(found))
 
 
 async def read_bound(db: Engine) -> str | None:

@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from ..errors import ValidationError
-from ..sql import Identifier, sql
+from ..sql import Fragment, Identifier, sql
 from .consumer import Consumer, Stop
 from .entry import OutboxEntry, entries_from_rows
 from .push import CommitWaiter
@@ -18,7 +18,7 @@ from .retention import BATCH_SIZE, KEEP_FOR, KEEP_LAST, Retention
 from .retention import horizon as read_horizon
 from .retention import prune as prune_entries
 from .retention import run_pruner as prune_every
-from .tables import OUTBOX_ID
+from .ticks import sources, tick
 from .versionstamp import check_versionstamp
 
 if TYPE_CHECKING:
@@ -64,13 +64,23 @@ class OutboxReader:
             await waiter.aclose()
 
     async def find(self, uow_id: str) -> OutboxEntry | None:
-        """The entry a unit of work with idempotency key ``uow_id`` committed, if any."""
-        query = sql(
-            "SELECT {cols} FROM {t} WHERE {u} = {uow}",
-            cols=COLUMNS,
-            t=OUTBOX_ID,
-            u=Identifier("uow_id"),
-            uow=uow_id,
+        """The entry a unit of work with idempotency key ``uow_id`` committed,
+        if any. Under the "ticks" strategy this ticks first (waiting for a
+        tick in progress), so the entry of a unit that has committed is
+        found with its versionstamp."""
+        await tick(self._db, wait=True)
+        query = Fragment.join(
+            [
+                sql(
+                    "SELECT {cols} FROM {t} WHERE {u} = {uow}",
+                    cols=COLUMNS,
+                    t=source,
+                    u=Identifier("uow_id"),
+                    uow=uow_id,
+                )
+                for source in sources(self._db)
+            ],
+            " UNION ALL ",
         )
         rows = await self._db.fetch(query)
         decode = self._db.codec.decoder("timestamp")

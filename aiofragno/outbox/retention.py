@@ -32,9 +32,10 @@ from .. import runtime
 from ..codec import utc_now
 from ..errors import IntegrityError, ValidationError
 from ..settings_table import SETTINGS_TABLE
-from ..sql import Identifier, sql_using
+from ..sql import Fragment, Identifier, sql, sql_using
 from .queries import check_limit
-from .tables import CONSUMERS_ID, OUTBOX_ID, PRUNED_KEY
+from .tables import CONSUMERS_ID, OUTBOX_ID, PRUNED_KEY, VERSIONS_ID
+from .ticks import sources, tick_if_due
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -48,6 +49,8 @@ _NAMES = {
     "v": Identifier("value"),
     "key": PRUNED_KEY,
 }
+_CREATED = Identifier("created_at")
+_TICKED = {"versions": VERSIONS_ID, "id": Identifier("id"), "entry": Identifier("entry_id")}
 _READ_HORIZON = sql_using("SELECT {v} FROM {s} WHERE {k} = {key}", **_NAMES)
 MAX_KEEP_FOR = 100 * 365 * 86_400.0
 KEEP_LAST = 1000
@@ -88,6 +91,7 @@ async def prune(db: Engine, retention: Retention) -> int:
     window, oldest first, in batches until none is left; how many were
     deleted."""
     await _ensure_horizon_row(db)
+    await tick_if_due(db)  # (what a tick would number counts toward the window)
     deleted = 0
     while True:
         upto = await _next_batch_end(db, retention)
@@ -138,8 +142,9 @@ async def _bound(db: Engine, keep_last: int) -> str | None:
         return None  # a consumer that has delivered nothing yet needs every entry
     stamps = await db.fetch(
         sql_using(
-            "SELECT {vs} FROM {o} ORDER BY {vs} DESC LIMIT 1 OFFSET {skip}",
+            "SELECT {vs} FROM {e} ORDER BY {vs} DESC LIMIT 1 OFFSET {skip}",
             **_NAMES,
+            e=_entries(db),
             skip=keep_last,
         )
     )
@@ -160,9 +165,10 @@ async def _next_batch_end(db: Engine, retention: Retention) -> str | None:
     cutoff = db.codec.encoder("timestamp")(utc_now() - timedelta(seconds=retention.keep_for))
     rows = await db.fetch(
         sql_using(
-            "SELECT {vs}, CASE WHEN {c} < {cutoff} THEN 1 ELSE 0 END FROM {o} "
+            "SELECT {vs}, CASE WHEN {c} < {cutoff} THEN 1 ELSE 0 END FROM {e} "
             "WHERE {vs} <= {bound} ORDER BY {vs} LIMIT {n}",
             **_NAMES,
+            e=_entries(db),
             c=Identifier("created_at"),
             cutoff=cutoff,
             bound=bound,
@@ -177,13 +183,24 @@ async def _next_batch_end(db: Engine, retention: Retention) -> str | None:
     return upto
 
 
+def _entries(db: Engine) -> Fragment:
+    """Every entry's versionstamp and created_at: the outbox table, or where
+    it has two sources (the counter's entries and ticked ones,
+    :func:`.ticks.sources`), their union."""
+    parts = sources(db)
+    if len(parts) == 1:
+        return parts[0]
+    selects = [sql_using("SELECT {vs}, {c} FROM {p}", **_NAMES, c=_CREATED, p=p) for p in parts]
+    return sql("({u}) AS af_entries", u=Fragment.join(selects, " UNION ALL "))
+
+
 async def _delete_through(db: Engine, upto: str) -> int:
     """One batch, in a transaction of its own (see :func:`delete_in`)."""
     async with db.transaction(isolation="read committed") as tx:
-        return await delete_in(tx, upto)
+        return await delete_in(db, tx, upto)
 
 
-async def delete_in(tx: Queries, upto: str) -> int:
+async def delete_in(db: Engine, tx: Queries, upto: str) -> int:
     """A batch's statements, in transaction ``tx``: move the horizon to
     ``upto`` and delete the entries up to it; how many were deleted. The
     horizon row's lock orders concurrent pruners; one that finds the
@@ -200,4 +217,18 @@ async def delete_in(tx: Queries, upto: str) -> int:
     deleted = await tx.execute(
         sql_using("DELETE FROM {o} WHERE {vs} <= {upto}", **_NAMES, upto=upto)
     )
-    return deleted.rows_affected
+    if len(sources(db)) == 1:
+        return deleted.rows_affected
+    # Ticked entries: their versions, then the entries those named.
+    ticked = await tx.execute(
+        sql_using(
+            "DELETE FROM {o} WHERE {id} IN (SELECT {entry} FROM {versions} WHERE {vs} <= {upto})",
+            **_NAMES,
+            **_TICKED,
+            upto=upto,
+        )
+    )
+    await tx.execute(
+        sql_using("DELETE FROM {versions} WHERE {vs} <= {upto}", **_NAMES, **_TICKED, upto=upto)
+    )
+    return deleted.rows_affected + ticked.rows_affected

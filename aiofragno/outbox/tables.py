@@ -14,7 +14,10 @@ OUTBOX = "fragno_db_outbox"
 CONSUMERS = "fragno_db_outbox_consumers"
 DEAD_LETTERS = "fragno_db_outbox_dead_letters"
 UNIT_KEYS = "fragno_db_unit_keys"
-NAMES = (OUTBOX, CONSUMERS, DEAD_LETTERS, UNIT_KEYS)
+# The "ticks" strategy's (aiofragno.outbox.ticks; only where the dialect has it).
+TICKS = "fragno_db_outbox_ticks"
+VERSIONS = "fragno_db_outbox_versions"
+NAMES = (OUTBOX, CONSUMERS, DEAD_LETTERS, UNIT_KEYS, TICKS, VERSIONS)
 VERSION_KEY = "outbox.version"
 # The versionstamp of the newest entry prune has deleted (the prune
 # horizon): written in the transaction that deletes, read with every page.
@@ -28,6 +31,7 @@ OUTBOX_ID = Identifier(OUTBOX)
 CONSUMERS_ID = Identifier(CONSUMERS)
 DEAD_LETTERS_ID = Identifier(DEAD_LETTERS)
 UNIT_KEYS_ID = Identifier(UNIT_KEYS)
+VERSIONS_ID = Identifier(VERSIONS)
 
 
 def nonce_type(spec: DdlSpec) -> str:

@@ -1,7 +1,10 @@
 """Writing the outbox entry of a unit, inside its mutation transaction.
 
-The version is reserved last, just before COMMIT, from a counter row in the
-settings table. Every writer updates that one row, so each holds its lock from
+Two strategies. Under "ticks" (:class:`TickedStatements`, PostgreSQL) the
+entry goes in without a version, which a tick gives it after it commits
+(:mod:`.ticks`). Under "counter" (:class:`OutboxStatements`), the version
+is reserved last, just before COMMIT, from a counter row in the settings
+table. Every writer updates that one row, so each holds its lock from
 the reservation until it commits: versions are handed out in commit order and a
 rolled-back reservation is undone with its transaction — no gaps, and a reader
 polling ``versionstamp > cursor`` never skips an entry that commits later
@@ -17,7 +20,7 @@ import os
 from collections.abc import Sequence
 from datetime import UTC
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..codec import ValueCodec, utc_now
 from ..driver import CompiledQuery, DialectAdapter, QueryCompiler, QueryResult
@@ -69,6 +72,25 @@ _UNBOUND = {
 }
 # The WITH part holding the entry, in a statement that also carries the writes.
 _ENTRY = "af_outbox_entry"
+_NAMES: dict[str, Any] = {
+    "t": Identifier(SETTINGS_TABLE),
+    "k": Identifier("key"),
+    "v": Identifier("value"),
+    "o": OUTBOX_ID,
+    "vs": Identifier("versionstamp"),
+    "u": Identifier("uow_id"),
+    "p": Identifier("payload"),
+    "r": Identifier("ref_map"),
+    "c": Identifier("created_at"),
+    "n": Identifier("nonce"),
+    "x": Identifier("xid"),
+    "key": VERSION_KEY,
+}
+# Under ticks (.ticks): the entry without a version, naming its transaction.
+_TICKED_INSERT = (
+    "INSERT INTO {o} ({u}, {p}, {r}, {c}, {n}, {x}) "
+    "VALUES ({uow_id}, {payload_json}, {refs}, {created}, {nonce}, {xid})"
+)
 
 
 class _Prepared:
@@ -91,6 +113,25 @@ class _Prepared:
         return CompiledQuery(self.sql, self.parameters(values))
 
 
+class EntryStatements(Protocol):
+    """The writer's SQL for one strategy, compiled once."""
+
+    stamp: SqlText
+    """Selects the entry's versionstamp from :meth:`with_parts`."""
+
+    def queries(self, values: dict[str, Any]) -> list[CompiledQuery]:
+        """The entry's statements, for the values of :func:`entry_values`."""
+        ...
+
+    def with_parts(self, values: dict[str, Any]) -> tuple[SqlText, tuple[Any, ...]]:
+        """The entry as parts of a WITH, and their parameters."""
+        ...
+
+    def versionstamp(self, results: Sequence[QueryResult]) -> str | None:
+        """The entry's versionstamp from the results of :meth:`queries`, if known."""
+        ...
+
+
 class OutboxStatements:
     """The writer's SQL for one dialect, compiled once: the statements that
     reserve the next version and write the entry, the last one returning the
@@ -101,19 +142,7 @@ class OutboxStatements:
     (MySQL)."""
 
     def __init__(self, compiler: QueryCompiler, adapter: DialectAdapter) -> None:
-        names = {
-            "t": Identifier(SETTINGS_TABLE),
-            "k": Identifier("key"),
-            "v": Identifier("value"),
-            "o": OUTBOX_ID,
-            "vs": Identifier("versionstamp"),
-            "u": Identifier("uow_id"),
-            "p": Identifier("payload"),
-            "r": Identifier("ref_map"),
-            "c": Identifier("created_at"),
-            "n": Identifier("nonce"),
-            "key": VERSION_KEY,
-        }
+        names = _NAMES
         self.entry = [_Prepared(compiler, q) for q in _statements(adapter, names)]
         self._stamp_returned = adapter.capabilities.supports_returning
         # The same as parts of a WITH, for a statement that also carries the
@@ -155,6 +184,45 @@ class OutboxStatements:
         # it was updated, and the insert id carries the new version.
         version = 1 if reserved.rows_affected == 1 else reserved.insert_id
         return None if version is None else f"{version:020x}0000"
+
+
+class TickedStatements:
+    """The writer's SQL under ticks (:mod:`.ticks`): the entry without a
+    version, with its transaction's id, as one statement (or a part of a
+    WITH); its versionstamp is not known at commit, but from the first
+    tick after it."""
+
+    def __init__(self, compiler: QueryCompiler, adapter: DialectAdapter) -> None:
+        ticks = adapter.sql.outbox_ticks
+        if ticks is None or not adapter.capabilities.supports_writable_cte:
+            raise ValueError("this dialect has no outbox ticks")
+        payload = sql(adapter.sql.json_from_text, x=_UNBOUND["payload"])
+        insert = sql_using(
+            _TICKED_INSERT,
+            **_NAMES,
+            **_UNBOUND,
+            payload_json=payload,
+            xid=Fragment((ticks.entry_xid,)),
+        )
+        vs = _NAMES["vs"]
+        # (The wake-up rides on it as under the counter: a woken reader
+        # ticks before it reads. Selecting the entry's NULL versionstamp in
+        # a WITH makes the insert run after the writes, whose counts come
+        # first: the entry id of a unit that waited on another's row is
+        # above that unit's.)
+        insert += sql(_returning(adapter), vs=vs)
+        self.entry = [_Prepared(compiler, insert)]
+        self.parts = _Prepared(compiler, sql(f"{_ENTRY} AS ({{i}})", i=insert))
+        self.stamp, _ = compiler.compile_parts(sql(f"(SELECT {{vs}} FROM {_ENTRY})", vs=vs))
+
+    def queries(self, values: dict[str, Any]) -> list[CompiledQuery]:
+        return [statement.bind(values) for statement in self.entry]
+
+    def with_parts(self, values: dict[str, Any]) -> tuple[SqlText, tuple[Any, ...]]:
+        return self.parts.text, self.parts.parameters(values)
+
+    def versionstamp(self, results: Sequence[QueryResult]) -> str | None:
+        return None
 
 
 def _parts(adapter: DialectAdapter, names: dict[str, Any]) -> tuple[Fragment, Fragment]:

@@ -146,6 +146,10 @@ async def run_mutations(
     stamp = await db.commit_plan.commit(phase)
     if values is not None:
         uow.versionstamp = stamp
+        if stamp is None:
+            # Versioned by a tick (outbox.ticks), which this engine's next
+            # read then waits for, so that it reads its own units.
+            db.outbox_unticked = True
 
 
 def _writes(ops: Sequence[MutationOp]) -> bool:
@@ -218,7 +222,7 @@ async def execute_uow(
     if idempotency_key is not None:
         check_idempotency_key(idempotency_key)
     if outbox is None:
-        outbox = db.options.outbox
+        outbox = db.outbox_strategy is not None
     elif not isinstance(outbox, bool):
         raise ValidationError(f"outbox must be a bool or None, got {outbox!r}")
     uow_id = new_external_id() if idempotency_key is None else idempotency_key

@@ -32,8 +32,9 @@ from typing import Any, Protocol
 from .. import runtime
 from ..driver import CompiledQuery, DialectAdapter, IsolationLevel, QueryResult, StaleGuard
 from ..errors import DataError, IntegrityError, ProgrammingError
-from ..outbox.writer import OutboxStatements
+from ..outbox.writer import EntryStatements
 from ..session import Session
+from ..url import OutboxStrategy
 from .catalog import Catalog
 from .combine import combinable, combine, combine_committing, groups, split
 from .ops import MutationOp
@@ -56,7 +57,7 @@ class Phase:
     entry: Sequence[CompiledQuery]
     isolation: IsolationLevel | None
     values: dict[str, Any] | None
-    statements: OutboxStatements | None
+    statements: EntryStatements | None
 
 
 class CommitPlan(Protocol):
@@ -91,7 +92,8 @@ class _InTransaction(ABC):
         """The operations, then the entry and COMMIT; the entry's results."""
 
     async def begin(self, phase: Phase) -> None:
-        """Open the phase's transaction. With the outbox, at a snapshot
+        """Open the phase's transaction. With the counter's outbox (the
+        plan's ``snapshot_lock``; none under ticks), at a snapshot
         isolation level, first wait for the outbox counter, before any
         statement takes the snapshot
         (:attr:`SqlSnippets.outbox_snapshot_lock
@@ -240,12 +242,16 @@ class OneCommittingStatement:
             raise conflict from exc
         except (IntegrityError, ProgrammingError):
             return await self.one_by_one.commit(phase)
-        return str(result.rows[0]["stamp"])
+        stamp = result.rows[0]["stamp"]
+        return None if stamp is None else str(stamp)
 
 
-def choose(adapter: DialectAdapter) -> CommitPlan:
-    """The plan the dialect names (:class:`~aiofragno.driver.CommitPlanChoice`)."""
-    choice, lock = adapter.commit, adapter.sql.outbox_snapshot_lock
+def choose(adapter: DialectAdapter, outbox: OutboxStrategy | None = "counter") -> CommitPlan:
+    """The plan the dialect names (:class:`~aiofragno.driver.CommitPlanChoice`),
+    for the engine's ``outbox`` strategy: only the counter's writers share a
+    row, which units at a snapshot isolation level wait for first."""
+    choice = adapter.commit
+    lock = adapter.sql.outbox_snapshot_lock if outbox == "counter" else None
     if choice.plan == "one-committing-statement":
         if choice.abort_sql is None or not adapter.capabilities.supports_writable_cte:
             raise ValueError("one-committing-statement needs abort_sql and a writable WITH")

@@ -18,7 +18,8 @@ from ..codec import utc_now
 from ..driver import CompiledQuery
 from ..errors import AlreadyApplied, CommitOutcomeUnknown, ConnectionLost
 from ..migrate import SETTINGS_TABLE
-from ..outbox.tables import OUTBOX_ID, UNIT_KEYS_ID, VERSION_KEY
+from ..outbox.tables import OUTBOX_ID, UNIT_KEYS_ID, VERSION_KEY, VERSIONS_ID
+from ..outbox.ticks import tick
 from ..resilience import retry_read
 from ..server_sessions import end_server_session
 from ..sql import Identifier, sql
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ..queries import Queries
     from .unit import UnitOfWork
 
+VS = Identifier("versionstamp")
 # How long a lost session may take to end once asked to.
 END_SESSION_TIMEOUT = 30.0
 
@@ -67,13 +69,24 @@ async def find_record(db: Engine, queries: Queries, uow_id: str) -> Record | Non
     """The record of the unit of work ``uow_id`` (through ``queries``: the
     engine or a transaction), or None when none committed. Both tables are
     looked in: whether a unit writes an entry depends on the unit (its
-    ``outbox=`` and the tables it wrote), not only on the database."""
+    ``outbox=`` and the tables it wrote), not only on the database. (An
+    entry under ticks has its versionstamp in the versions table once
+    ticked; the record is found before that too.)"""
+    versioned = db.adapter.sql.outbox_ticks is not None
     query = sql(
-        "SELECT {n} AS nonce, {vs} AS versionstamp FROM {t} WHERE {u} = {id} "
+        "SELECT o.{n} AS nonce, {vs} AS versionstamp FROM {t} o {join} WHERE o.{u} = {id} "
         "UNION ALL SELECT {n}, NULL FROM {keys} WHERE {k} = {id}",
         n=Identifier("nonce"),
-        vs=Identifier("versionstamp"),
+        vs=sql("COALESCE(o.{vs}, v.{vs})" if versioned else "o.{vs}", vs=VS),
         t=OUTBOX_ID,
+        join=sql(
+            "LEFT JOIN {v} v ON v.{e} = o.{i}",
+            v=VERSIONS_ID,
+            e=Identifier("entry_id"),
+            i=Identifier("id"),
+        )
+        if versioned
+        else sql(""),
         u=Identifier("uow_id"),
         keys=UNIT_KEYS_ID,
         k=Identifier("key"),
@@ -104,8 +117,10 @@ async def committed(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcome
     broke during COMMIT (``lost``): its record exists (:mod:`.records`)
     with this call's ``nonce``. The lost server session is ended first
     (:mod:`aiofragno.server_sessions`), so nothing can commit the phase after
-    we looked; the outbox counter row is locked as well, so a commit that
-    finished just now is visible. All of it on connections of
+    we looked; unless the database's outbox ticks, the counter row is locked
+    as well, so a commit that finished just now is visible (under ticks the
+    entry is found by ``uow_id`` and nonce whether or not it has been
+    versioned yet). All of it on connections of
     its own, even when the caller has a transaction open: held there, the
     counter's lock would stop the unit's re-run until the caller — who
     waits for that re-run — commits. Raises :class:`AlreadyApplied` when
@@ -116,7 +131,8 @@ async def committed(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcome
         await end_server_session(db, lost.server_session, END_SESSION_TIMEOUT)
         try:
             async with db.transaction() as tx:
-                await tx.fetch(counter_lock(db))
+                if db.outbox_strategy != "ticks":
+                    await tx.fetch(counter_lock(db))
                 record = await find_record(db, tx, uow.uow_id)
         except CommitOutcomeUnknown as exc:
             # This transaction only read: losing its COMMIT loses nothing.
@@ -125,7 +141,11 @@ async def committed(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcome
             return False
         if record.nonce != nonce:
             raise already_applied(uow.uow_id, record.versionstamp)
-        uow.versionstamp = record.versionstamp
+        if db.outbox_strategy == "ticks":
+            # As after a COMMIT that answered: known from a tick, not now.
+            db.outbox_unticked = True
+        else:
+            uow.versionstamp = record.versionstamp
         return True
 
     with outside_transactions():
@@ -171,6 +191,8 @@ async def key_taken(db: Engine, uow: UnitOfWork, nonce: str) -> AlreadyApplied |
     failed, which leaves the violation as the answer: nothing committed)."""
     try:
         with outside_transactions():
+            if db.options.outbox:
+                await tick(db, wait=True)  # (so that the entry's versionstamp is known)
             record = await find_record(db, db, uow.uow_id)
     except Exception:
         return None

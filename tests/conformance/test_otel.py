@@ -130,7 +130,10 @@ async def test_a_unit_is_one_span_with_its_statements(
     assert span.kind is SpanKind.INTERNAL
     assert span.status.status_code is StatusCode.UNSET
     attributes = dict(span.attributes or {})
-    assert attributes.pop("aiofragno.uow.versionstamp") == stamps[0] is not None
+    if db._engine.outbox_strategy == "counter":
+        assert attributes.pop("aiofragno.uow.versionstamp") == stamps[0] is not None
+    else:  # ticks: the versionstamp is not known at commit (docs/outbox.md)
+        assert "aiofragno.uow.versionstamp" not in attributes and stamps == [None]
     assert attributes.pop("aiofragno.uow.id") == uow_id
     expected: dict[str, Any] = {
         "db.system.name": db.name,

@@ -17,11 +17,9 @@ from typing import TYPE_CHECKING
 
 from ... import runtime
 from ...errors import ValidationError
-from ...sql import Identifier, sql
 from ..consumer import MAX_SECONDS, Stop, _flag, _seconds, _stopped
-from ..queries import check_limit, read_entries
+from ..queries import check_limit, holds, read_entries
 from ..riding import ride_out
-from ..tables import OUTBOX_ID
 from ..versionstamp import check_versionstamp
 from .sink import BrokerSink, OutOfStep, RelayError
 
@@ -84,7 +82,7 @@ class _Relay:
         last = await self.sink.last_published()
         if last is None:
             return self.after
-        if not await ride_out(self.db, "the outbox relay", partial(_in_outbox, self.db, last)):
+        if not await ride_out(self.db, "the outbox relay", partial(holds, self.db, last)):
             raise RelayError(
                 f"the broker's newest entry, {last}, is not in this database's outbox: "
                 "is the relay pointed at the right stream (or was the database restored "
@@ -113,13 +111,3 @@ class _Relay:
                     break
                 await runtime.sleep(poll_interval)
         return self.published
-
-
-async def _in_outbox(db: Engine, stamp: str) -> bool:
-    query = sql(
-        "SELECT 1 FROM {t} WHERE {vs} = {stamp}",
-        t=OUTBOX_ID,
-        vs=Identifier("versionstamp"),
-        stamp=stamp,
-    )
-    return await db.fetch_value(query) is not None

@@ -18,6 +18,7 @@ from .codec import ValueCodec
 from .driver import (
     ISOLATION_LEVELS,
     CompiledQuery,
+    Connection,
     Dialect,
     IsolationLevel,
     QueryResult,
@@ -161,22 +162,35 @@ class Engine(Queries):
     async def checkout(self, *, wait: bool = True) -> Session:
         """A connection from the pool, wrapped in a :class:`Session`. While the
         server is unreachable, retries until ``reconnect_deadline`` (``wait``)."""
+        self.check_open()
+        try:
+            connection = await self._driver.acquire_connection()
+        except Error:
+            raise
+        except Exception as exc:
+            # (The deadline starts at the first failure: the usual checkout,
+            # which succeeds at once, costs no deadline.)
+            connection = await self._reconnect(exc, wait)
+        return Session(connection, self.dialect.translate_error)
+
+    async def _reconnect(self, failure: Exception, wait: bool) -> Connection:
+        """A connection, after acquiring one failed with ``failure``: retried
+        while the server is unavailable, until the operation's deadline."""
         with shared_deadline(self.options.reconnect_deadline if wait else None) as deadline:
             if not wait:
                 deadline = Deadline(None)
             while True:
+                error = self._unavailable(failure)
+                if not isinstance(error, DatabaseUnavailable) or not await deadline.wait():
+                    raise error from failure
+                self.stats.reconnect_waits += 1
                 self.check_open()
                 try:
-                    connection = await self._driver.acquire_connection()
+                    return await self._driver.acquire_connection()
                 except Error:
                     raise
                 except Exception as exc:
-                    error = self._unavailable(exc)
-                    if not isinstance(error, DatabaseUnavailable) or not await deadline.wait():
-                        raise error from exc
-                    self.stats.reconnect_waits += 1
-                    continue
-                return Session(connection, self.dialect.translate_error)
+                    failure = exc
 
     async def checkin(self, session: Session) -> None:
         """Return ``session``'s connection: reset it if an operation was

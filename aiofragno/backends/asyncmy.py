@@ -264,23 +264,20 @@ class AsyncmyConnection:
         return bool(status & SERVER_STATUS_IN_TRANS or not status & SERVER_STATUS_AUTOCOMMIT)
 
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
-        if self._begin.pending is not None:
-            return (await self.execute_batch((query,)))[0]
-        # (One statement, the usual case, without the batch's bookkeeping.)
-        async with self._raw.cursor() as cursor:
-            await cursor.execute(_bind(*query))
-            result = await _read_result(cursor)
-        _keep_status(self._raw)
-        return result
+        return (await self.execute_batch((query,)))[0]
 
     async def execute_batch(
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
     ) -> list[QueryResult]:
+        if len(queries) == 1 and self._begin.pending is None:
+            # (One statement, the usual case, without the batch's bookkeeping.)
+            async with self._raw.cursor() as cursor:
+                await cursor.execute(_bind(*queries[0]))
+                result = await _read_result(cursor)
+            _keep_status(self._raw)
+            return [result]
         lead = self._begin.take() or ()
-        if len(queries) == 1 and not lead:
-            texts = [_bind(*queries[0])]
-        else:
-            texts = [*lead, *(_bind(*query) for query in queries)]
+        texts = [*lead, *(_bind(*query) for query in queries)]
         results: list[QueryResult] = []
         skip = len(lead)  # (the lead's own results are not asked for)
         for piece in _pieces(texts):

@@ -13,6 +13,8 @@ schemas and their layouts, migrations.
 
 from __future__ import annotations
 
+import functools
+
 from . import runtime
 from .codec import ValueCodec
 from .driver import (
@@ -134,7 +136,7 @@ class Engine(Queries):
         # (INSERT ... RETURNING through fetch, say) might have taken effect.
         if leading_keyword(compiled.sql) == "select":
             return await retry_read(
-                self.options.reconnect_deadline, lambda: self._execute(compiled)
+                self.options.reconnect_deadline, functools.partial(self._execute, compiled)
             )
         return await self._execute(compiled)
 

@@ -13,6 +13,7 @@ schemas and their layouts, migrations.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -136,7 +137,9 @@ class Engine(Queries):
             await self.close_listener(listener)
         await self._driver.destroy()
 
-    async def open_listener(self, channel: str, on_notify: Callable[[], object]) -> Connection | None:
+    async def open_listener(
+        self, channel: str, on_notify: Callable[[], object]
+    ) -> Connection | None:
         """A connection of its own (outside the pool) listening on
         ``channel`` (see :class:`~aiofragno.driver.Listens`), or None where
         the backend cannot listen. Close it with :meth:`close_listener`; the
@@ -183,7 +186,7 @@ class Engine(Queries):
         # (INSERT ... RETURNING through fetch, say) might have taken effect.
         if leading_keyword(compiled.sql) == "select":
             return await retry_read(
-                self.options.reconnect_deadline, lambda: self._execute(compiled)
+                self.options.reconnect_deadline, functools.partial(self._execute, compiled)
             )
         return await self._execute(compiled)
 
@@ -211,22 +214,35 @@ class Engine(Queries):
     async def acquire(self, *, wait: bool = True) -> Session:
         """A connection from the pool, wrapped in a :class:`Session`. While the
         server is unreachable, retries until ``reconnect_deadline`` (``wait``)."""
+        self.check_open()
+        try:
+            connection = await self._driver.acquire_connection()
+        except Error:
+            raise
+        except Exception as exc:
+            # (The deadline starts at the first failure: the usual checkout,
+            # which succeeds at once, costs no deadline.)
+            connection = await self._reconnect(exc, wait)
+        return Session(connection, self.dialect.translate_error)
+
+    async def _reconnect(self, failure: Exception, wait: bool) -> Connection:
+        """A connection, after acquiring one failed with ``failure``: retried
+        while the server is unavailable, until the operation's deadline."""
         with shared_deadline(self.options.reconnect_deadline if wait else None) as deadline:
             if not wait:
                 deadline = Deadline(None)
             while True:
+                error = self._unavailable(failure)
+                if not isinstance(error, DatabaseUnavailable) or not await deadline.wait():
+                    raise error from failure
+                self.stats.reconnect_waits += 1
                 self.check_open()
                 try:
-                    connection = await self._driver.acquire_connection()
+                    return await self._driver.acquire_connection()
                 except Error:
                     raise
                 except Exception as exc:
-                    error = self._unavailable(exc)
-                    if not isinstance(error, DatabaseUnavailable) or not await deadline.wait():
-                        raise error from exc
-                    self.stats.reconnect_waits += 1
-                    continue
-                return Session(connection, self.dialect.translate_error)
+                    failure = exc
 
     async def release(self, session: Session) -> None:
         """Return ``session``'s connection: reset it if an operation was

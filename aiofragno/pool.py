@@ -10,9 +10,9 @@ trip — on every release, and their health and cancellation rules differ.)
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from . import runtime
 from .driver import Connection, DialectAdapter, QueryCompiler
@@ -84,17 +84,26 @@ class Pool:
         return PoolStats(self.size, len(self._idle), len(self._in_use))
 
     async def acquire(self) -> Connection:
-        self._check_open()
+        if self._closed:
+            raise _closed()
         if self._bound_to_loop:
             self._check_loop()
-        if not await self._slots.acquire():
+        # (Free slot and fresh idle connection, the usual case: no coroutine
+        # but this one.)
+        if not self._slots.take() and not await self._slots.acquire():
             raise PoolTimeout(
                 f"no connection free after {self._acquire_timeout}s "
                 f"({self.size} in use); raise pool_size or hold connections for less time"
             )
         try:
-            self._check_open()
-            connection, created = await self._checkout()
+            if self._closed:  # (while this one waited)
+                raise _closed()
+            idle = self._idle
+            if idle and not self._pre_ping and self._fresh(idle[-1]):
+                entry = idle.pop()
+                connection, created = entry.connection, entry.created
+            else:
+                connection, created = await self._checkout()
         except BaseException:
             self._slots.release()
             raise
@@ -116,7 +125,8 @@ class Pool:
 
     async def connect_outside(self) -> Connection:
         """A new connection that the pool neither counts nor keeps."""
-        self._check_open()
+        if self._closed:
+            raise _closed()
         if self._bound_to_loop:
             self._check_loop()
         return await self._connect()
@@ -127,10 +137,6 @@ class Pool:
         idle, self._idle = self._idle, []
         for entry in idle:
             await _close(entry.connection)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise DatabaseClosed("the database was closed; open a new one with af.connect()")
 
     def _check_loop(self) -> None:
         # Caught here, a loop mix-up names itself; in the driver it surfaces as
@@ -163,6 +169,10 @@ class Pool:
         return self._max_idle is None or now - entry.released <= self._max_idle
 
 
+def _closed() -> DatabaseClosed:
+    return DatabaseClosed("the database was closed; open a new one with af.connect()")
+
+
 async def _answers(connection: Connection) -> bool:
     try:
         await connection.ping()
@@ -190,11 +200,15 @@ class PooledDriver:
     async def init(self) -> None:
         await self.release_connection(await self.acquire_connection())
 
-    async def acquire_connection(self) -> Connection:
-        return await self.pool.acquire()
+    # (The pool's own coroutines, not one more of ours around each.)
 
-    async def release_connection(self, connection: Connection, *, discard: bool = False) -> None:
-        await self.pool.release(connection, discard=discard)
+    def acquire_connection(self) -> Coroutine[Any, Any, Connection]:
+        return self.pool.acquire()
+
+    def release_connection(
+        self, connection: Connection, *, discard: bool = False
+    ) -> Coroutine[Any, Any, None]:
+        return self.pool.release(connection, discard=discard)
 
     async def open_unpooled(self) -> Connection:
         return await self.pool.connect_outside()

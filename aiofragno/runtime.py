@@ -58,9 +58,8 @@ def current_runtime() -> str:
     return sniffio.current_async_library()
 
 
-def monotonic() -> float:
-    """Seconds on a monotonic clock (the same one in every runtime)."""
-    return time.monotonic()
+# Seconds on a monotonic clock (the same one in every runtime).
+monotonic: Callable[[], float] = time.monotonic
 
 
 # The event loop's own clock and timer, which anyio does not offer: they are
@@ -69,11 +68,8 @@ def monotonic() -> float:
 # asyncio's; any other is trio's.
 
 
-def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None  # (a thread that runs trio)
+# (None in a thread that runs trio; no exception raised and caught on each call.)
+_asyncio_loop = asyncio._get_running_loop
 
 
 def running_loop() -> object:

@@ -8,11 +8,12 @@ transaction, its session changed by raw SQL), so that it is discarded or reset
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import warnings
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from .driver import (
     CompiledQuery,
@@ -66,17 +67,7 @@ class Session:
     async def execute(self, query: CompiledQuery) -> QueryResult:
         if logger.isEnabledFor(logging.DEBUG):
             _log(query)
-        # Not through _call: this is the hot path, and a coroutine less counts.
-        try:
-            return await self.connection.execute_query(query)
-        except Exception as exc:
-            error = self.fail(exc)
-            if error is exc:
-                raise
-            raise error from exc
-        except BaseException:
-            self.interrupted = True
-            raise
+        return await self._call(self.connection.execute_query(query))
 
     async def execute_batch(
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
@@ -122,22 +113,14 @@ class Session:
             _log(query)
         return await self._committing(self.connection.execute_query(query))
 
-    async def _committing(self, operation: Awaitable[T]) -> T:
+    def _committing(self, operation: Awaitable[T]) -> Coroutine[Any, Any, T]:
         """``operation``, which commits: a connection lost on the way (open
         when it started) raises :class:`CommitOutcomeUnknown`."""
-        was_open = not self.connection.is_closed
-        try:
-            return await operation
-        except Exception as exc:
-            error = self._commit_failed(exc, was_open)
-            if error is exc:
-                raise
-            raise error from exc
-        except BaseException:
-            self.interrupted = True
-            raise
+        return self._call(
+            operation, functools.partial(self._commit_failed, not self.connection.is_closed)
+        )
 
-    def _commit_failed(self, exc: Exception, was_open: bool) -> Exception:
+    def _commit_failed(self, was_open: bool, exc: Exception) -> Exception:
         error = self.fail(exc)
         if isinstance(exc, TimeoutError) and was_open:
             # The client stopped waiting (command_timeout), not the server:
@@ -161,11 +144,16 @@ class Session:
             )
         return error
 
-    async def _call(self, operation: Awaitable[T]) -> T:
+    async def _call(
+        self, operation: Awaitable[T], fail: Callable[[Exception], Exception] | None = None
+    ) -> T:
+        """``operation``, its driver exception raised as the aiofragno error
+        that ``fail`` (default: :meth:`fail`) makes of it; the session marked
+        interrupted if it is cancelled."""
         try:
             return await operation
         except Exception as exc:
-            error = self.fail(exc)
+            error = (fail or self.fail)(exc)
             if error is exc:
                 raise
             raise error from exc

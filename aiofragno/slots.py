@@ -52,12 +52,19 @@ class Slots:
     def free(self) -> int:
         return self._free
 
+    def take(self) -> bool:
+        """Take a free slot now, if there is one and nobody waits for it:
+        :meth:`acquire` without a coroutine, for the caller's fast path."""
+        if self._free and not self._waiters:
+            self._free -= 1
+            return True
+        return False
+
     async def acquire(self) -> bool:
         """Take a slot, waiting at most ``timeout`` seconds; False (and no
         slot) when that ran out. A free slot is taken without yielding to the
         event loop."""
-        if self._free and not self._waiters:
-            self._free -= 1
+        if self.take():
             return True
         waiter = _Waiter(runtime.loop_time() + self._timeout)
         self._waiters.append(waiter)

@@ -114,7 +114,7 @@ class Unbound:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (never changed; not frozen: a frozen one is slower to make)
 class _Param:
     value: Any
 
@@ -171,7 +171,9 @@ class _Hole:
 
 
 @lru_cache(maxsize=1024)
-def _parse(template: str) -> tuple[tuple[_Hole, ...], str]:
+def _parse(template: str) -> tuple[tuple[_Hole, ...], str, frozenset[str]]:
+    """``template``'s holes, the literal text after the last one, and the
+    names its holes use."""
     holes: list[_Hole] = []
     try:
         parsed = list(string.Formatter().parse(template))
@@ -201,7 +203,11 @@ def _parse(template: str) -> tuple[tuple[_Hole, ...], str]:
                 bool(match and match.group(1)),
             )
         )
-    return tuple(holes), pending
+    return tuple(holes), pending, frozenset(hole.name for hole in holes)
+
+
+# Spliced into a fragment as they are, not bound.
+_SPLICED: Final = (Identifier, Fragment)
 
 
 def sql(template: str, /, **params: Any) -> Fragment:
@@ -210,9 +216,8 @@ def sql(template: str, /, **params: Any) -> Fragment:
     parameter must be used."""
     if not isinstance(template, str):
         raise ValidationError(f"sql() takes a template string, got {type(template).__name__}")
-    holes, tail = _parse(template)
-    parts: list[_Part] = []
-    used: set[str] = set()
+    holes, tail, names = _parse(template)
+    parts: list[_Part] = []  # (no empty text)
     for hole in holes:
         try:
             value = params[hole.name]
@@ -220,30 +225,33 @@ def sql(template: str, /, **params: Any) -> Fragment:
             raise ValidationError(
                 f"sql template uses {{{hole.name}}} but no such parameter was given"
             ) from None
-        used.add(hole.name)
-        if isinstance(value, _LIST_TYPES) and hole.before_in is not None:
-            parts.extend((hole.before_in, _InList(hole.negated, tuple(value))))
-            continue
-        if isinstance(value, _LIST_TYPES) and _IN_PAREN_SUFFIX.search(hole.before):
-            raise ValidationError(
-                f"write `IN {{{hole.name}}}` without parentheses: aiofragno adds them for lists"
-            )
-        parts.append(hole.before)
-        parts.append(value if isinstance(value, Identifier | Fragment) else _Param(value))
-    parts.append(tail)
-    unused = params.keys() - used
-    if unused:
+        if isinstance(value, _LIST_TYPES):
+            if hole.before_in is not None:
+                if hole.before_in:
+                    parts.append(hole.before_in)
+                parts.append(_InList(hole.negated, tuple(value)))
+                continue
+            if _IN_PAREN_SUFFIX.search(hole.before):
+                raise ValidationError(
+                    f"write `IN {{{hole.name}}}` without parentheses: aiofragno adds them for lists"
+                )
+        if hole.before:
+            parts.append(hole.before)
+        parts.append(value if isinstance(value, _SPLICED) else _Param(value))
+    if tail:
+        parts.append(tail)
+    # (Every name the template uses was given: only a count over tells of one unused.)
+    if len(params) != len(names):
         raise ValidationError(
-            f"sql() parameters not used in the template: {', '.join(sorted(unused))}"
+            f"sql() parameters not used in the template: {', '.join(sorted(params.keys() - names))}"
         )
-    return Fragment(tuple(part for part in parts if part != ""))
+    return Fragment(tuple(parts))
 
 
 def sql_using(template: str, /, **params: Any) -> Fragment:
     """:func:`sql` given only the parameters ``template`` names — for templates
     that draw on one shared table of names (internal queries)."""
-    holes, _ = _parse(template)
-    used = {hole.name for hole in holes}
+    _, _, used = _parse(template)
     return sql(template, **{name: value for name, value in params.items() if name in used})
 
 
@@ -304,10 +312,12 @@ class SqlCompiler:
         return self._render(text.pieces)
 
     def _render(self, pieces: Sequence[str]) -> str:
-        if self._escape_percent:
-            pieces = [self.escape_text(piece) for piece in pieces]
         if not self._numbered:
-            return self._placeholder.join(pieces)
+            text = self._placeholder.join(pieces)
+            # (Each "%s" placeholder holds one %: any more are in the text.)
+            if self._escape_percent and text.count("%") >= len(pieces):
+                text = self._placeholder.join(map(self.escape_text, pieces))
+            return text
         out = [""] * (2 * len(pieces) - 1)
         out[::2] = pieces
         out[1::2] = _numbers(len(pieces) - 1)

@@ -1,24 +1,36 @@
-"""Client instructions per transfer unit, counted by callgrind: a measure of
+"""Client instructions per operation, counted by callgrind: a measure of
 aiofragno's own cost on each backend (driver included, server excluded) that
 does not move with the machine's load, so two versions of the code can be
 compared on a busy machine.
 
     python -m benchmarks.unit_instructions [--backend postgresql] [--outbox]
+                                           [--workload transfer ...]
                                            [--tree DIR ...] [--json PATH]
 
 For each ``--tree`` (a checkout or ``git archive`` of aiofragno; default: this
-one) it runs the workload twice under ``valgrind --tool=callgrind``, with
-``SMALL`` and ``LARGE`` units, and reports (total instructions of the large
-run - of the small run) / (LARGE - SMALL): start-up, connecting and migrating
-cancel out. The workload is one task running transfer units one after
-another between two accounts (2 reads, 2 checked updates, 1 insert), through
-aiofragno's public API only, so it runs on older versions of the code as well.
+one) and each ``--workload`` it runs the workload twice under ``valgrind
+--tool=callgrind``, with ``SMALL`` and ``LARGE`` operations, and reports
+(total instructions of the large run - of the small run) / (LARGE - SMALL):
+start-up, connecting and migrating cancel out. Each workload runs its
+operations one after another on one task, through aiofragno's public API
+only (so it runs on older versions of the code as well), or through the
+driver alone (``raw-*``, the floor aiofragno's own cost adds to):
+
+* ``transfer``: a unit of work between two accounts (2 reads, 2 checked
+  updates, 1 insert);
+* ``read-unit``: a unit of work with one ``find_first`` and no writes;
+* ``fetch-one`` / ``raw-read``: one row by owner, through ``db.fetch_one``
+  / the driver's pool and a statement with one parameter;
+* ``transaction`` / ``raw-transaction``: ``db.transaction()`` running a
+  SELECT, an UPDATE and an INSERT / the same statements between the
+  driver's BEGIN and COMMIT.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import re
@@ -26,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +48,21 @@ URLS = {
     "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
     "mysql": "mysql://root@127.0.0.1:3306/test",
 }
+WORKLOADS = (
+    "transfer",
+    "read-unit",
+    "fetch-one",
+    "raw-read",
+    "transaction",
+    "raw-transaction",
+)
+Operation = Callable[[], Awaitable[object]]
 
 
-async def workload(backend: str, units: int, outbox: bool) -> None:
-    """``units`` transfers on one task (run under callgrind by :func:`count`)."""
+def shop_schema() -> Any:
     import aiofragno as af
 
-    shop = af.Schema(
+    return af.Schema(
         "unitinstr",
         af.Table("accounts", af.Column("owner", "string"), af.Column("balance", "bigint")),
         af.Table(
@@ -51,6 +72,13 @@ async def workload(backend: str, units: int, outbox: bool) -> None:
             af.Column("amount", "bigint"),
         ),
     )
+
+
+async def workload(backend: str, name: str, operations: int, outbox: bool) -> None:
+    """``operations`` of workload ``name`` on one task (run under callgrind by :func:`count`)."""
+    import aiofragno as af
+
+    shop = shop_schema()
     with tempfile.TemporaryDirectory() as tmp:
         url = URLS[backend] or f"sqlite:///{tmp}/unitinstr.db"
         async with af.connect(url, outbox=outbox) as db:
@@ -61,28 +89,174 @@ async def workload(backend: str, units: int, outbox: bool) -> None:
                 uow.create("accounts", {"owner": "a", "balance": 1_000_000})
                 uow.create("accounts", {"owner": "b", "balance": 1_000_000})
 
-            async def transfer(uow: Any) -> None:
-                a = uow.find_first("accounts", where={"owner": "a"})
-                b = uow.find_first("accounts", where={"owner": "b"})
-                await uow.retrieve()
-                ra, rb = a.result, b.result
-                uow.update("accounts", ra["id"], {"balance": ra["balance"] - 1}, check=True)
-                uow.update("accounts", rb["id"], {"balance": rb["balance"] + 1}, check=True)
-                uow.create("transfers", {"src": ra["id"], "dst": rb["id"], "amount": 1})
-
             await db.execute_uow(open_accounts, schema=shop, namespace=namespace)
-            for _ in range(units):
-                await db.execute_uow(transfer, schema=shop, namespace=namespace)
+            # The tables' quoted names, as SQL text.
+            layout = db.layout(shop, namespace)
+            tables = {
+                table: db.compile(af.sql("{t}", t=layout.table(table).identifier)).sql
+                for table in ("accounts", "transfers")
+            }
+            if name.startswith("raw-"):
+                raw = await RAW[backend].open(url)
+                try:
+                    operation = getattr(raw, name.removeprefix("raw-").replace("-", "_"))
+                    await run(functools.partial(operation, tables), operations)
+                finally:
+                    await raw.close()
+                return
+            await run(aiofragno_operation(db, shop, namespace, tables, name), operations)
 
 
-def count(tree: Path, backend: str, units: int, outbox: bool) -> int:
+async def run(operation: Operation, operations: int) -> None:
+    for _ in range(operations):
+        await operation()
+
+
+def aiofragno_operation(
+    db: Any, shop: Any, namespace: str, tables: dict[str, str], name: str
+) -> Operation:
+    import aiofragno as af
+
+    accounts, transfers = (af.sql(tables[t]) for t in ("accounts", "transfers"))
+
+    async def transfer(uow: Any) -> None:
+        a = uow.find_first("accounts", where={"owner": "a"})
+        b = uow.find_first("accounts", where={"owner": "b"})
+        await uow.retrieve()
+        ra, rb = a.result, b.result
+        uow.update("accounts", ra["id"], {"balance": ra["balance"] - 1}, check=True)
+        uow.update("accounts", rb["id"], {"balance": rb["balance"] + 1}, check=True)
+        uow.create("transfers", {"src": ra["id"], "dst": rb["id"], "amount": 1})
+
+    async def read(uow: Any) -> Any:
+        a = uow.find_first("accounts", where={"owner": "a"})
+        await uow.retrieve()
+        return a.result
+
+    async def fetch_one() -> Any:
+        return await db.fetch_one(
+            af.sql("SELECT _id, balance FROM {t} WHERE owner = {o}", t=accounts, o="a")
+        )
+
+    async def transaction() -> None:
+        async with db.transaction() as tx:
+            row = await tx.fetch_one(
+                af.sql("SELECT _id, balance FROM {t} WHERE owner = {o}", t=accounts, o="a")
+            )
+            await tx.execute(
+                af.sql("UPDATE {t} SET balance = balance - 1 WHERE _id = {i}", t=accounts,
+                       i=row["_id"])
+            )
+            await tx.execute(
+                af.sql("INSERT INTO {t} (id, _version, src, dst, amount) "
+                       "VALUES ({x}, 1, {i}, {i}, 1)", t=transfers, x=os.urandom(8).hex(),
+                       i=row["_id"])
+            )  # fmt: skip
+
+    if name == "transfer":
+        return lambda: db.execute_uow(transfer, schema=shop, namespace=namespace)
+    if name == "read-unit":
+        return lambda: db.execute_uow(read, schema=shop, namespace=namespace)
+    return {"fetch-one": fetch_one, "transaction": transaction}[name]
+
+
+class RawAsyncmy:
+    """The driver alone: asyncmy's pool, a cursor per statement."""
+
+    @classmethod
+    async def open(cls, url: str) -> RawAsyncmy:
+        import asyncmy
+        from asyncmy.constants import CLIENT
+
+        self = cls()
+        self.pool = await asyncmy.create_pool(
+            host="127.0.0.1", port=3306, user="root", password="", db="test",
+            autocommit=True, charset="utf8mb4", client_flag=CLIENT.FOUND_ROWS,
+            minsize=1, maxsize=1,
+        )  # fmt: skip
+        return self
+
+    async def close(self) -> None:
+        self.pool.close()
+        await self.pool.wait_closed()
+
+    async def read(self, tables: dict[str, str]) -> Any:
+        async with self.pool.acquire() as conn, conn.cursor() as cursor:
+            await cursor.execute(
+                f"SELECT _id, balance FROM {tables['accounts']} WHERE owner = %s", ("a",)
+            )
+            return await cursor.fetchone()
+
+    async def transaction(self, tables: dict[str, str]) -> None:
+        async with self.pool.acquire() as conn:
+            await conn.begin()
+            async with conn.cursor() as cursor:
+                await cursor.execute(
+                    f"SELECT _id, balance FROM {tables['accounts']} WHERE owner = %s", ("a",)
+                )
+                (internal, _) = await cursor.fetchone()
+            async with conn.cursor() as cursor:
+                await cursor.execute(
+                    f"UPDATE {tables['accounts']} SET balance = balance - 1 WHERE _id = %s",
+                    (internal,),
+                )
+            async with conn.cursor() as cursor:
+                await cursor.execute(
+                    f"INSERT INTO {tables['transfers']} (id, _version, src, dst, amount) "
+                    "VALUES (%s, 1, %s, %s, 1)",
+                    (os.urandom(8).hex(), internal, internal),
+                )
+            await conn.commit()
+
+
+class RawAsyncpg:
+    """The driver alone: asyncpg's pool and its ``fetchrow`` / ``execute``."""
+
+    @classmethod
+    async def open(cls, url: str) -> RawAsyncpg:
+        import asyncpg
+
+        self = cls()
+        self.pool = await asyncpg.create_pool(url, min_size=1, max_size=1)
+        return self
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def read(self, tables: dict[str, str]) -> Any:
+        async with self.pool.acquire() as conn:
+            return await conn.fetchrow(
+                f"SELECT _id, balance FROM {tables['accounts']} WHERE owner = $1", "a"
+            )
+
+    async def transaction(self, tables: dict[str, str]) -> None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                f"SELECT _id, balance FROM {tables['accounts']} WHERE owner = $1", "a"
+            )
+            await conn.execute(
+                f"UPDATE {tables['accounts']} SET balance = balance - 1 WHERE _id = $1",
+                row[0],
+            )
+            await conn.execute(
+                f"INSERT INTO {tables['transfers']} (id, _version, src, dst, amount) "
+                "VALUES ($1, 1, $2, $2, 1)",
+                os.urandom(8).hex(),
+                row[0],
+            )
+
+
+RAW: dict[str, Any] = {"mysql": RawAsyncmy, "postgresql": RawAsyncpg}
+
+
+def count(tree: Path, backend: str, workload: str, operations: int, outbox: bool) -> int:
     """Total instructions callgrind counts for :func:`workload` on ``tree``'s code."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         command = [
             "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-            sys.executable, str(Path(__file__).resolve()), "--run", str(units),
-            "--backend", backend, *(["--outbox"] if outbox else []),
+            sys.executable, str(Path(__file__).resolve()), "--run", str(operations),
+            "--backend", backend, "--workload", workload, *(["--outbox"] if outbox else []),
         ]  # fmt: skip
         # Run as a script, so that aiofragno comes from ``tree`` alone.
         env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -97,21 +271,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="postgresql", choices=list(URLS))
     parser.add_argument("--outbox", action="store_true")
+    parser.add_argument("--workload", action="append", choices=WORKLOADS)
     parser.add_argument("--tree", action="append", type=Path, help="code to measure")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--run", type=int, help=argparse.SUPPRESS)  # the measured process
     args = parser.parse_args()
+    workloads = args.workload or ["transfer"]
     if args.run is not None:
-        asyncio.run(workload(args.backend, args.run, args.outbox))
+        asyncio.run(workload(args.backend, workloads[0], args.run, args.outbox))
         return
     trees = args.tree or [Path(__file__).resolve().parent.parent]
     results = []
-    for tree in trees:
-        started = time.monotonic()
-        small, large = (count(tree, args.backend, n, args.outbox) for n in (SMALL, LARGE))
-        per_unit = (large - small) / (LARGE - SMALL)
-        results.append({"tree": str(tree), "instructions_per_unit": round(per_unit)})
-        print(f"{tree}: {per_unit:,.0f} instructions per unit ({time.monotonic() - started:.0f} s)")
+    for name in workloads:
+        for tree in trees:
+            started = time.monotonic()
+            small, large = (
+                count(tree, args.backend, name, n, args.outbox) for n in (SMALL, LARGE)
+            )
+            per_operation = (large - small) / (LARGE - SMALL)
+            results.append(
+                {
+                    "workload": name,
+                    "tree": str(tree),
+                    "instructions_per_operation": round(per_operation),
+                }
+            )
+            print(
+                f"{name} {tree}: {per_operation:,.0f} instructions per operation "
+                f"({time.monotonic() - started:.0f} s)",
+                flush=True,
+            )
     if args.json:
         config = {"backend": args.backend, "outbox": args.outbox, "small": SMALL, "large": LARGE}
         args.json.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")

@@ -46,6 +46,25 @@ async def test_free_slots_are_taken_at_once_then_waiters_in_arrival_order() -> N
 
 
 @pytest.mark.anyio
+async def test_take_never_jumps_the_queue() -> None:
+    """``take`` (the pool's fast path, without a coroutine) takes a free slot
+    only while nobody waits: a slot freed with a waiter queued is the
+    waiter's, as with ``acquire``."""
+    slots = Slots(1, timeout=5)
+    assert slots.take()
+    assert not slots.take() and slots.free == 0
+    log: list[tuple[str, bool, float]] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_for, slots, "waiter", log)
+        await anyio.wait_all_tasks_blocked()
+        slots.release()  # handed to the waiter, not left free
+        assert not slots.take()
+    assert [(name, got) for name, got, _ in log] == [("waiter", True)]
+    slots.release()
+    assert slots.take() and slots.free == 0
+
+
+@pytest.mark.anyio
 async def test_each_waiter_gives_up_at_its_own_deadline() -> None:
     """Waiters that arrived at different times time out in turn, each about
     ``timeout`` after it arrived: the one alarm sets itself again for the next."""

@@ -12,7 +12,7 @@ import contextlib
 import functools
 import math
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -90,11 +90,23 @@ def translate(exc: BaseException) -> Exception:
     return ERRORS.translate(exc, _error_code(exc), _error_message(exc))
 
 
-def _utc_rows(description: Any, tuples: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+@functools.lru_cache(maxsize=1024)
+def _columns(
+    description: tuple[tuple[Any, ...], ...],
+) -> tuple[Mapping[str, int], tuple[int, ...]]:
+    """The rows' name-to-position index, and the positions of their DATETIME
+    columns: the same for every result of the same columns (a result's
+    description is new, and equal to the last one's: a look-up here costs
+    less than working them out again)."""
+    index = column_index(tuple([column[0] for column in description]))
+    utc = tuple([i for i, column in enumerate(description) if column[1] in _DATETIME_TYPES])
+    return index, utc
+
+
+def _utc_rows(
+    positions: tuple[int, ...], tuples: Sequence[tuple[Any, ...]]
+) -> list[tuple[Any, ...]]:
     # The session runs in UTC, so DATETIME values are UTC: make them aware.
-    positions = [i for i, column in enumerate(description) if column[1] in _DATETIME_TYPES]
-    if not positions:
-        return tuples
     fixed = []
     for values in tuples:
         row = list(values)
@@ -184,7 +196,7 @@ def _literal(value: Any) -> str:
 def _bind(sql: str, parameters: Sequence[Any]) -> str:
     """``sql`` with ``parameters`` as literals (``%`` in ``sql`` itself comes
     doubled from the compiler, so the formatting runs even without any)."""
-    return sql % tuple([_literal(value) for value in parameters])
+    return sql % tuple(map(_literal, parameters))
 
 
 # How much SQL text one round trip carries at most (in characters, up to 4
@@ -212,8 +224,10 @@ async def _read_result(cursor: Any) -> QueryResult:
     description = cursor.description
     if description is None:
         return QueryResult([], cursor.rowcount, cursor.lastrowid or None)
-    tuples = _utc_rows(description, await cursor.fetchall())
-    index = column_index(tuple([column[0] for column in description]))
+    tuples = await cursor.fetchall()
+    index, utc = _columns(description)
+    if utc:
+        tuples = _utc_rows(utc, tuples)
     return QueryResult([Row(index, values) for values in tuples], len(tuples))
 
 
@@ -257,11 +271,15 @@ class AsyncmyConnection:
     async def execute_batch(
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
     ) -> list[QueryResult]:
+        if len(queries) == 1 and self._begin.pending is None:
+            # (One statement, the usual case, without the batch's bookkeeping.)
+            async with self._raw.cursor() as cursor:
+                await cursor.execute(_bind(*queries[0]))
+                result = await _read_result(cursor)
+            _keep_status(self._raw)
+            return [result]
         lead = self._begin.take() or ()
-        if len(queries) == 1 and not lead:
-            texts = [_bind(*queries[0])]
-        else:
-            texts = [*lead, *(_bind(*query) for query in queries)]
+        texts = [*lead, *(_bind(*query) for query in queries)]
         results: list[QueryResult] = []
         skip = len(lead)  # (the lead's own results are not asked for)
         for piece in _pieces(texts):

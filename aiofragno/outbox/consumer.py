@@ -291,9 +291,7 @@ class _Run:
     async def batch(self, stop: Stop) -> int:
         """Deliver the next entries after the cursor; how many there were."""
         size, cursor = self.options.batch_size, self.lease.cursor
-        entries = await ride_out(
-            self.db, self.what, lambda: read_entries(self.db, cursor, size)
-        )
+        entries = await ride_out(self.db, self.what, lambda: read_entries(self.db, cursor, size))
         if self.options.transactional:
             for entry in entries:
                 if _stopped(stop):

@@ -17,7 +17,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, Generic, Literal, NoReturn, TypeVar
 
 from .. import tagged_json
 from ..brief import brief
@@ -25,7 +25,7 @@ from ..driver import CompiledQuery, QueryResult
 from ..errors import ValidationError
 from ..schema import EXTERNAL_ID, INTERNAL_ID, VERSION, RowId, new_external_id
 from ..sqltext import SqlText
-from .catalog import Catalog, TableInfo
+from .catalog import Catalog, ColumnInfo, TableInfo
 from .compiling import Compiling, bind, row_id
 from .expr import Expr, equalities, where_expr
 
@@ -95,16 +95,20 @@ def _bind_values(
                 raise ValidationError(f"{table.name}.{name} is NOT NULL: cannot set it to None")
             variant.append(None)
             continue
-        param = bind(table, info, value)
+        param, looked_up = _bind_value(table, info, value)
         params.append(param)
-        if info.target is None:
-            variant.append(0)
-        elif type(param) is str:
-            variant.append(True)
+        variant.append(looked_up)
+        if looked_up:
             lookups.append(param)
-        else:
-            variant.append(False)
     return params, tuple(variant), tuple(lookups)
+
+
+def _bind_value(table: TableInfo, info: ColumnInfo, value: Any) -> tuple[Any, Literal[0] | bool]:
+    """``value``'s parameter in column ``info`` (see :func:`bind`), and what
+    the statement's text depends on: 0 for a plain column; for a reference,
+    whether its row is looked up by external id in a subquery."""
+    param = bind(table, info, value)
+    return param, 0 if info.target is None else type(param) is str
 
 
 def _check_mapping(table: TableInfo, values: Any, what: str) -> None:
@@ -330,9 +334,9 @@ class ReadRows(RetrievalOp[ResultT]):
                 variant.append(None)
                 continue
             info = columns.get(name) or table.column(name)
-            param = bind(table, info, value)
+            param, looked_up = _bind_value(table, info, value)
             params.append(param)
-            variant.append(0 if info.target is None else type(param) is str)
+            variant.append(looked_up)
         if self.limit is not None:
             params.append(self.limit + 1)
         key = (

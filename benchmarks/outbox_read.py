@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import aiofragno as af
+from aiofragno.outbox.ticks import sources
 
 from . import _common as common
 from ._common import SCHEMA, Backoff
@@ -72,7 +73,8 @@ async def read_rows(db: af.Database) -> int:
         d=af.Identifier("ref_map"),
         e=af.Identifier("created_at"),
     )
-    table = common.OUTBOX_TABLE
+    # Under ticks, the entries with their versions: the ticked source.
+    table = sources(db._engine)[1] if db._engine.outbox_strategy == "ticks" else common.OUTBOX_TABLE
     after, total = "", 0
     while True:
         rows = await db.fetch(
@@ -103,8 +105,10 @@ async def timed(
     return want / wall, cpu / want * 1e6
 
 
-async def bench(target: common.Target, entries: int, repeat: int) -> dict[str, Any]:
-    async with af.connect(target.url, outbox=True, pool_size=common.POOL_SIZE) as db:
+async def bench(
+    target: common.Target, entries: int, repeat: int, outbox: bool | str
+) -> dict[str, Any]:
+    async with af.connect(target.url, outbox=outbox, pool_size=common.POOL_SIZE) as db:  # type: ignore[arg-type]
         await common.prepare(db)
         await common.reset(db)
         fill_s = await fill(db, entries)
@@ -118,6 +122,7 @@ async def bench(target: common.Target, entries: int, repeat: int) -> dict[str, A
         return {
             "backend": db.name,
             "driver": db.backend,
+            "outbox": db._engine.outbox_strategy,
             "entries": entries,
             "fill_units_per_s": round(entries / fill_s, 1),
             "mean_payload_json_chars": round(mean_payload),
@@ -136,8 +141,12 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backend", default="all", choices=[*common.BACKENDS, "all"])
     parser.add_argument("--entries", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--outbox", default="true", choices=["true", "counter", "ticks"], help="the strategy"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    outbox: bool | str = True if args.outbox == "true" else args.outbox
     backends = common.BACKENDS if args.backend == "all" else (args.backend,)
     began = time.perf_counter()
     results = []
@@ -147,7 +156,7 @@ async def main(argv: Sequence[str] | None = None) -> None:
             async with common.target(dialect, Path(tmp)) as target:
                 if target is None:
                     continue
-                results.append(await bench(target, args.entries, args.repeat))
+                results.append(await bench(target, args.entries, args.repeat, outbox))
                 print(f"{dialect}: {results[-1]}")
     print(
         f"\noutbox catch-up, {args.entries} entries, pages of {PAGE} (best / median of {args.repeat})"

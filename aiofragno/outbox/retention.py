@@ -34,7 +34,7 @@ from ..errors import IntegrityError, ValidationError
 from ..settings_table import SETTINGS_TABLE
 from ..sql import Fragment, Identifier, sql, sql_using
 from .queries import check_limit
-from .tables import CONSUMERS_ID, OUTBOX_ID, PRUNED_KEY, VERSIONS_ID
+from .tables import CONSUMERS_ID, OUTBOX_ID, PRUNED_KEY, TICKS_ID, VERSIONS_ID
 from .ticks import sources, tick_if_due
 
 if TYPE_CHECKING:
@@ -92,6 +92,7 @@ async def prune(db: Engine, retention: Retention) -> int:
     deleted."""
     await _ensure_horizon_row(db)
     await tick_if_due(db)  # (what a tick would number counts toward the window)
+    await _forget_old_ticks(db)
     deleted = 0
     while True:
         upto = await _next_batch_end(db, retention)
@@ -101,6 +102,20 @@ async def prune(db: Engine, retention: Retention) -> int:
         deleted += count
         if count < retention.batch_size:
             return deleted
+
+
+async def _forget_old_ticks(db: Engine) -> None:
+    """Delete every tick but the newest (the only one a tick reads), where
+    the outbox has ticks: one row per tick that numbered something would
+    otherwise pile up."""
+    if len(sources(db)) > 1:
+        await db.execute(
+            sql_using(
+                "DELETE FROM {t} WHERE {id} < (SELECT MAX({id}) FROM {t})",
+                t=TICKS_ID,
+                id=_TICKED["id"],
+            )
+        )
 
 
 async def horizon(queries: Queries) -> str | None:

@@ -32,6 +32,7 @@ CONSUMERS_ID = Identifier(CONSUMERS)
 DEAD_LETTERS_ID = Identifier(DEAD_LETTERS)
 UNIT_KEYS_ID = Identifier(UNIT_KEYS)
 VERSIONS_ID = Identifier(VERSIONS)
+TICKS_ID = Identifier(TICKS)
 
 
 def nonce_type(spec: DdlSpec) -> str:

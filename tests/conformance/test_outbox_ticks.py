@@ -17,6 +17,7 @@ import pytest
 
 import aiofragno as af
 from aiofragno.outbox import OutboxEntry
+from aiofragno.outbox.tables import TICKS
 from aiofragno.outbox.ticks import TICK_INTERVAL, tick
 from aiofragno.outbox.versionstamp import version_of
 from aiofragno.outbox.writer import entry_values
@@ -312,6 +313,15 @@ async def test_ticks_from_two_readers_at_once(env: Env, url: str, target: Target
     entries = await db.outbox.list(after=env.start, limit=1000)
     first = version_of(entries[0].versionstamp)
     assert [version_of(e.versionstamp) for e in entries] == list(range(first, first + 83))
+    # Prune keeps the newest tick only (the one the next tick reads), and
+    # what it numbered reads on unchanged.
+    ticks = af.sql("SELECT COUNT(*) FROM {t}", t=af.Identifier(TICKS))
+    assert await db.fetch_value(ticks, int) > 1
+    await db.outbox.prune(keep_last=10_000)
+    assert await db.fetch_value(ticks, int) == 1
+    await env.run(event(999))
+    after = await db.outbox.list(after=entries[-1].versionstamp)
+    assert [version_of(e.versionstamp) for e in after] == [first + 83]
 
 
 async def test_serializable_units_do_not_conflict_over_the_outbox(env: Env) -> None:

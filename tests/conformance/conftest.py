@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 import aiofragno as af
 from tests.conformance.namespaces import new_namespace
+from tests.conformance.private_databases import PrivateDatabases
 from tests.conformance.uow_env import ITEMS, SHOP, Env, MakeEnv, drop_namespace
 from tests.conftest import Target, require_target
 
@@ -23,6 +25,16 @@ def anyio_backend(target: Target) -> str:
 def url(target: Target, tmp_path: Path) -> str:
     require_target(target)
     return target.url(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def private_databases() -> Iterator[PrivateDatabases]:
+    """Databases of the test module's own on the servers (see
+    :mod:`tests.conformance.private_databases`), dropped after the module."""
+    databases = PrivateDatabases()
+    yield databases
+    if databases.made:
+        anyio.run(databases.drop_all, backend="asyncio")
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,14 +52,6 @@ MODES = pytest.mark.parametrize("transactional", [False, True], ids=["plain", "t
 
 
 # -- a database of the module's own ---------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def private_databases() -> Iterator[PrivateDatabases]:
-    databases = PrivateDatabases()
-    yield databases
-    if databases.made:
-        anyio.run(databases.drop_all, backend="asyncio")
 
 
 @pytest.fixture

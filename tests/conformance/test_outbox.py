@@ -20,7 +20,7 @@ import itertools
 import random
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -191,14 +191,6 @@ class Cleanup:
                     p=f"{namespace}.%",
                 )
             )
-
-
-@pytest.fixture(scope="module")
-def private_databases() -> Iterator[PrivateDatabases]:
-    databases = PrivateDatabases()
-    yield databases
-    if databases.made:
-        anyio.run(databases.drop_all, backend="asyncio")
 
 
 @pytest.fixture

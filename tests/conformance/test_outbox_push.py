@@ -10,7 +10,7 @@ listener is found in ``pg_stat_activity`` by its database.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -27,14 +27,6 @@ SHOP = af.Schema("shop", af.Table("accounts", af.Column("owner", "string")))
 LONG_POLL = 30.0
 # Far below LONG_POLL, far above a notification's delivery.
 PROMPT = 10.0
-
-
-@pytest.fixture(scope="module")
-def private_databases() -> Iterator[PrivateDatabases]:
-    databases = PrivateDatabases()
-    yield databases
-    if databases.made:
-        anyio.run(databases.drop_all, backend="asyncio")
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
@@ -39,14 +39,6 @@ pytestmark = pytest.mark.anyio
 
 SCHEMA = af.Schema("relay", af.Table("events", af.Column("n", "bigint")))
 LIMIT = 60  # seconds: a hang fails the test instead of blocking the suite
-
-
-@pytest.fixture(scope="module")
-def private_databases() -> Iterator[PrivateDatabases]:
-    databases = PrivateDatabases()
-    yield databases
-    if databases.made:
-        anyio.run(databases.drop_all, backend="asyncio")
 
 
 @pytest.fixture(params=sorted(BROKERS))

@@ -12,7 +12,7 @@ empty database (a new file on SQLite).
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -32,14 +32,6 @@ SHOP = af.Schema(
     af.Table("accounts", af.Column("owner", "string")),
     af.Table("audit", af.Column("note", "string"), outbox=False),
 )
-
-
-@pytest.fixture(scope="module")
-def private_databases() -> Iterator[PrivateDatabases]:
-    databases = PrivateDatabases()
-    yield databases
-    if databases.made:
-        anyio.run(databases.drop_all, backend="asyncio")
 
 
 @pytest.fixture

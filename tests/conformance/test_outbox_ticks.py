@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +38,6 @@ FAIL_EVERY = 16
 # Eight writers on four rows conflict a lot: retry until through.
 PATIENT = af.ExponentialBackoff(max_retries=100)
 LIMIT = 60  # seconds: a hang fails the test instead of blocking the suite
-
-
-@pytest.fixture(scope="module")
-def private_databases() -> Iterator[PrivateDatabases]:
-    databases = PrivateDatabases()
-    yield databases
-    if databases.made:
-        anyio.run(databases.drop_all, backend="asyncio")
 
 
 @pytest.fixture

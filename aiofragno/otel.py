@@ -101,6 +101,7 @@ class UowTracer:
         dry_run: bool = False,
         on_query: Callable[[CompiledQuery], Any] | None = None,
         hooks: UowHooks | None = None,
+        outbox: bool | None = None,
         span_name: str | None = None,
     ) -> T:
         """``db.execute_uow(fn, ...)`` (same arguments, same result and
@@ -129,6 +130,7 @@ class UowTracer:
                     dry_run=dry_run,
                     on_query=traced.statement,
                     hooks=traced.hooks,
+                    outbox=outbox,
                 )
             except BaseException as exc:
                 traced.failed(exc)

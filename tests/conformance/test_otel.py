@@ -174,6 +174,14 @@ async def test_a_unit_is_one_span_with_its_statements(
     ]
     assert SECRET in everything(span)
 
+    # A unit turned out of the outbox, through the tracer as through the Database.
+    seen.clear()
+    await spans.tracer().execute_uow(
+        db, debit(7), schema=SHOP, namespace=namespace, on_query=seen.append, outbox=False
+    )
+    spans.take()
+    assert seen and not any("fragno_db_outbox" in q.sql for q in seen)
+
 
 async def test_conflicts_and_retries_are_counted(
     db: af.Database, namespace: str, spans: Spans

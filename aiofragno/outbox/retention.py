@@ -19,6 +19,10 @@ Guarantees of :func:`prune`:
   at most ``batch_size`` rows by versionstamp range and moves the horizon row
   — never the version counter row, which every writer locks. On SQLite, with
   its one writer, a unit waits for at most one batch.
+
+Under the "ticks" strategy (:mod:`.ticks`) prune ticks first, reads the
+versions of both kinds of entry, deletes ticked entries with their rows in
+the versions table, and keeps only the newest tick.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ async def _forget_old_ticks(db: Engine) -> None:
     """Delete every tick but the newest (the only one a tick reads), where
     the outbox has ticks: one row per tick that numbered something would
     otherwise pile up."""
-    if len(sources(db)) > 1:
+    if db.adapter.sql.outbox_ticks is not None:
         await db.execute(
             sql_using(
                 "DELETE FROM {t} WHERE {id} < (SELECT MAX({id}) FROM {t})",
@@ -236,7 +236,7 @@ async def delete_in(db: Engine, tx: Queries, upto: str) -> int:
     deleted = await tx.execute(
         sql_using("DELETE FROM {o} WHERE {vs} <= {upto}", **_NAMES, upto=upto)
     )
-    if len(sources(db)) == 1:
+    if db.adapter.sql.outbox_ticks is None:
         return deleted.rows_affected
     # Ticked entries: their versions, then the entries those named.
     ticked = await tx.execute(

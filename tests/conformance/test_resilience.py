@@ -628,6 +628,19 @@ async def test_loss_before_commit_reruns_the_unit_once(
     await audit(load, strict=True)
 
 
+def assert_not_rerun(load: Load) -> None:
+    """After a lost COMMIT reply that the outbox settled (and an audit that
+    found unit 0 applied once): the unit's function ran once.
+
+    On MySQL one exception is correct: the COMMIT goes out in one
+    multi-statement message with the outbox entry, and a server that finds
+    its client gone mid-message may stop before the COMMIT (a race with the
+    cut). The look-up then finds no entry, and the unit rightly runs again;
+    the audit has already shown it applied exactly once."""
+    reruns_allowed = 1 if load.db.name == "mysql" else 0
+    assert load.calls[0] <= 1 + reruns_allowed, load.summary()
+
+
 def outbox_commit(bank: Bank, seq: int) -> bytes:
     """What the message that commits unit ``seq``'s mutation phase carries
     with the outbox on: the unit's id, bound only in its outbox entry, which
@@ -725,8 +738,8 @@ async def test_commit_reply_lost_with_outbox(server: Server, bank: Bank) -> None
             outcome = await load.run(0)
         assert proxy.drops == 1, "the fault was not injected"
         assert isinstance(outcome, af.RowId), outcome
-        assert load.calls[0] == 1
     await audit(load, strict=True)
+    assert_not_rerun(load)
 
 
 @pytest.mark.parametrize("outbox", [True, False], ids=["outbox", "key-only"])
@@ -849,12 +862,12 @@ async def test_commit_reply_lost_then_lookup_commit_lost_with_outbox(
         with anyio.fail_after(TEST_LIMIT):
             outcome = await load.run(0)
         assert proxy.drops == 2, "the faults were not injected"
-        assert load.calls[0] == 1
         assert await bank.seqs() == Counter({0: 1})
     # (Outside the proxy's task group, which would wrap it in an ExceptionGroup.)
     if not isinstance(outcome, af.RowId):
         raise Unresolved(f"the unit committed, but raised {outcome!r}")
     await audit(load, strict=True)
+    assert_not_rerun(load)
 
 
 async def test_commit_read_late_by_the_server_with_outbox(server: Server, bank: Bank) -> None:

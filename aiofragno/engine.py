@@ -39,7 +39,7 @@ from .errors import (
     QueryCanceled,
     ValidationError,
 )
-from .outbox.writer import EntryStatements, OutboxStatements, TickedStatements
+from .outbox.writer import EntryStatements, KeyedStatements, OutboxStatements, TickedStatements
 from .queries import Queries
 from .resilience import Deadline, retry_read, shared_deadline
 from .session import Session
@@ -71,6 +71,7 @@ class Engine(Queries):
         self.stats = Stats()
         self._closed = False
         self._outbox_statements: EntryStatements | None = None
+        self._keyed_outbox_statements: EntryStatements | None = None
         # When this engine last versioned the outbox, and whether it has
         # committed entries since (aiofragno.outbox.ticks).
         self.outbox_ticked_at = -math.inf
@@ -98,6 +99,14 @@ class Engine(Queries):
             kind = TickedStatements if self.outbox_strategy == "ticks" else OutboxStatements
             self._outbox_statements = kind(self.compiler, self.adapter)
         return self._outbox_statements
+
+    @property
+    def keyed_outbox_statements(self) -> EntryStatements:
+        """:attr:`outbox_statements` for a unit given an idempotency key:
+        they record the key in ``fragno_db_unit_keys`` too."""
+        if self._keyed_outbox_statements is None:
+            self._keyed_outbox_statements = KeyedStatements(self.outbox_statements, self.compiler)
+        return self._keyed_outbox_statements
 
     def describe(self) -> str:
         """The database and backend, as the Database's repr and errors name

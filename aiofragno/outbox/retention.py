@@ -38,7 +38,7 @@ from ..errors import IntegrityError, ValidationError
 from ..settings_table import SETTINGS_TABLE
 from ..sql import Fragment, Identifier, sql, sql_using
 from .queries import check_limit
-from .tables import CONSUMERS_ID, OUTBOX_ID, PRUNED_KEY, TICKS_ID, VERSIONS_ID
+from .tables import CONSUMERS_ID, OUTBOX_ID, PRUNED_KEY, TICKS_ID, UNIT_KEYS_ID, VERSIONS_ID
 from .ticks import sources, tick_if_due
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ _NAMES = {
     "key": PRUNED_KEY,
 }
 _CREATED = Identifier("created_at")
+_KEYS = {"keys": UNIT_KEYS_ID, "kc": Identifier("key"), "u": Identifier("uow_id")}
 _TICKED = {"versions": VERSIONS_ID, "id": Identifier("id"), "entry": Identifier("entry_id")}
 _READ_HORIZON = sql_using("SELECT {v} FROM {s} WHERE {k} = {key}", **_NAMES)
 MAX_KEEP_FOR = 100 * 365 * 86_400.0
@@ -233,12 +234,31 @@ async def delete_in(db: Engine, tx: Queries, upto: str) -> int:
     )
     if moved.rows_affected != 1:
         return 0
+    # A keyed unit's key lives as long as its entry (and no longer).
+    await tx.execute(
+        sql_using(
+            "DELETE FROM {keys} WHERE {kc} IN (SELECT {u} FROM {o} WHERE {vs} <= {upto})",
+            **_NAMES,
+            **_KEYS,
+            upto=upto,
+        )
+    )
     deleted = await tx.execute(
         sql_using("DELETE FROM {o} WHERE {vs} <= {upto}", **_NAMES, upto=upto)
     )
     if db.adapter.sql.outbox_ticks is None:
         return deleted.rows_affected
-    # Ticked entries: their versions, then the entries those named.
+    # Ticked entries: their keys and versions, then the entries those named.
+    await tx.execute(
+        sql_using(
+            "DELETE FROM {keys} WHERE {kc} IN (SELECT o.{u} FROM {o} o "
+            "JOIN {versions} v ON v.{entry} = o.{id} WHERE v.{vs} <= {upto})",
+            **_NAMES,
+            **_KEYS,
+            **_TICKED,
+            upto=upto,
+        )
+    )
     ticked = await tx.execute(
         sql_using(
             "DELETE FROM {o} WHERE {id} IN (SELECT {entry} FROM {versions} WHERE {vs} <= {upto})",

@@ -28,7 +28,7 @@ from ..settings_table import SETTINGS_TABLE
 from ..sql import Fragment, Identifier, Unbound, sql, sql_using
 from ..sqltext import SqlText
 from ..tagged_json import dump_tagged, tag
-from .tables import OUTBOX_ID, VERSION_KEY
+from .tables import OUTBOX_ID, UNIT_KEYS_ID, VERSION_KEY
 
 if TYPE_CHECKING:
     from ..uow.ops import MutationOp
@@ -86,6 +86,12 @@ _NAMES: dict[str, Any] = {
     "x": Identifier("xid"),
     "key": VERSION_KEY,
 }
+# An idempotency key's row (UNIT_KEYS): every unit given a key records it
+# there, whether or not it also writes an entry (see KeyedStatements).
+KEY_INSERT = "INSERT INTO {keys} ({key}, {n}, {c}) VALUES ({uow_id}, {nonce}, {created})"
+_KEY_NAMES: dict[str, Any] = {"keys": UNIT_KEYS_ID, "key": Identifier("key")}
+# The WITH part holding the key's row.
+_KEY = "af_unit_key"
 # Under ticks (.ticks): the entry without a version, naming its transaction.
 _TICKED_INSERT = (
     "INSERT INTO {o} ({u}, {p}, {r}, {c}, {n}, {x}) "
@@ -223,6 +229,36 @@ class TickedStatements:
 
     def versionstamp(self, results: Sequence[QueryResult]) -> str | None:
         return None
+
+
+class KeyedStatements:
+    """An entry's statements (``inner``) preceded by the row recording the
+    unit's idempotency key in ``fragno_db_unit_keys``, the one table where
+    every key given to a unit is unique — whether the unit writes an entry
+    or not. (A key recorded only in the entry's ``uow_id`` would not stop a
+    unit with the same key that writes no entry, and the other way round.)
+    The key's row goes first, so that a second unit with the key fails on
+    it before it reserves a version."""
+
+    def __init__(self, inner: EntryStatements, compiler: QueryCompiler) -> None:
+        self.inner = inner
+        names = {**_NAMES, **_KEY_NAMES, **_UNBOUND}
+        self.key = _Prepared(compiler, sql_using(KEY_INSERT, **names))
+        self.key_part = _Prepared(
+            compiler, sql(f"{_KEY} AS ({{i}})", i=sql_using(KEY_INSERT, **names))
+        )
+        self.stamp = inner.stamp
+
+    def queries(self, values: dict[str, Any]) -> list[CompiledQuery]:
+        return [self.key.bind(values), *self.inner.queries(values)]
+
+    def with_parts(self, values: dict[str, Any]) -> tuple[SqlText, tuple[Any, ...]]:
+        text, parameters = self.inner.with_parts(values)
+        joined = SqlText.join([self.key_part.text, text])
+        return joined, (*self.key_part.parameters(values), *parameters)
+
+    def versionstamp(self, results: Sequence[QueryResult]) -> str | None:
+        return self.inner.versionstamp(results[1:])
 
 
 def _parts(adapter: DialectAdapter, names: dict[str, Any]) -> tuple[Fragment, Fragment]:

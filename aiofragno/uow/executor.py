@@ -126,13 +126,14 @@ async def run_mutations(
 ) -> None:
     """The mutation phase: every write in one transaction, or none, committed
     by the engine's plan (:mod:`.plans`). Last in the same transaction, the
-    unit's record (:mod:`.records`): with the ``outbox`` on and writes to
-    tables in it, its outbox entry; else, given ``record_key``, that key."""
+    unit's records (:mod:`.records`): given ``record_key``, that key's row
+    (wherever the unit writes); with the ``outbox`` on and writes to tables
+    in it, its outbox entry."""
     ops = uow.mutations
     values = _entry_values(db, uow, catalog, nonce) if outbox else None
     statements = None
     if values is not None:
-        statements = db.outbox_statements
+        statements = db.outbox_statements if record_key is None else db.keyed_outbox_statements
         entry = statements.queries(values)
     elif record_key is not None and _writes(ops):
         entry = [key_statement(db, record_key, nonce)]

@@ -1,6 +1,7 @@
 """What a committed unit of work leaves behind to be found by — its outbox
-entry (the outbox on) or its idempotency key's row (the outbox off, a key
-given) — and settling a lost COMMIT by it.
+entry (the outbox on) and its idempotency key's row (a key given: every
+keyed unit has one, so a key is unique in one table whatever the unit
+writes) — and settling a lost COMMIT by it.
 
 Both records name the unit by its ``uow_id`` — unique, so one key commits
 once — and the ``execute_uow`` call that wrote them by a random nonce, so
@@ -20,6 +21,7 @@ from ..errors import AlreadyApplied, CommitOutcomeUnknown, ConnectionLost
 from ..migrate import SETTINGS_TABLE
 from ..outbox.tables import OUTBOX_ID, UNIT_KEYS_ID, VERSION_KEY, VERSIONS_ID
 from ..outbox.ticks import tick
+from ..outbox.writer import KEY_INSERT
 from ..resilience import retry_read
 from ..server_sessions import end_server_session
 from ..sql import Identifier, sql
@@ -51,14 +53,15 @@ class Record:
 
 def key_statement(db: Engine, key: str, nonce: str) -> CompiledQuery:
     """The row that records idempotency key ``key`` in the unit's own
-    transaction, for a unit that writes no outbox entry."""
+    transaction, for a unit that writes no outbox entry (one that writes an
+    entry records it with the entry: :class:`~aiofragno.outbox.writer.KeyedStatements`)."""
     query = sql(
-        "INSERT INTO {t} ({k}, {n}, {c}) VALUES ({key}, {nonce}, {created})",
-        t=UNIT_KEYS_ID,
-        k=Identifier("key"),
+        KEY_INSERT,
+        keys=UNIT_KEYS_ID,
+        key=Identifier("key"),
         n=Identifier("nonce"),
         c=Identifier("created_at"),
-        key=key,
+        uow_id=key,
         nonce=nonce,
         created=db.codec.encoder("timestamp")(utc_now()),
     )
@@ -92,9 +95,12 @@ async def find_record(db: Engine, queries: Queries, uow_id: str) -> Record | Non
         k=Identifier("key"),
         id=uow_id,
     )
-    row = await queries.fetch_one(query)
-    if row is None:
+    rows = await queries.fetch(query)
+    if not rows:
         return None
+    # A keyed unit with an entry has both records, written by the one call;
+    # the entry's tells its versionstamp.
+    row = max(rows, key=lambda r: r["versionstamp"] is not None)
     stamp: Any = row["versionstamp"]
     return Record(row["nonce"], None if stamp is None else str(stamp))
 

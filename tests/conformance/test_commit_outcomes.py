@@ -335,6 +335,78 @@ async def test_concurrent_units_with_one_key(keyed_shop: Shop) -> None:
         assert len(await shop.entries(key)) == 1
 
 
+@pytest.fixture
+async def entry_shop(outbox_db: af.Database) -> AsyncIterator[Shop]:
+    """A seeded namespace on a Database with the outbox on, whose units
+    choose per call whether they write an entry (``Shop.run(outbox=...)``)."""
+    namespaces = Namespaces(outbox_db)
+    namespace = namespaces.use(outbox_db, SHOP).namespace
+    try:
+        await outbox_db.migrate(SHOP, namespace=namespace)
+        await outbox_db.execute_uow(_seed, schema=SHOP, namespace=namespace)
+        yield Shop(outbox_db, namespace)
+    finally:
+        await namespaces.drop()
+
+
+@pytest.mark.parametrize("entry_first", [True, False], ids=["entry-first", "key-row-first"])
+async def test_one_key_across_units_with_and_without_an_entry(
+    entry_shop: Shop, entry_first: bool
+) -> None:
+    """A key is one key whatever the unit writes: a unit that writes an
+    outbox entry and one that writes none (``outbox=False``, or a table out
+    of the outbox) share it — the second raises AlreadyApplied, in either
+    order, and is not applied."""
+    shop, key = entry_shop, new_key()
+    first, second = (True, False) if entry_first else (False, True)
+    await shop.db.execute_uow(
+        debit(10), schema=SHOP, namespace=shop.namespace, idempotency_key=key, outbox=first
+    )
+    with pytest.raises(af.AlreadyApplied) as raised:
+        await shop.db.execute_uow(
+            debit(25), schema=SHOP, namespace=shop.namespace, idempotency_key=key, outbox=second
+        )
+    assert await shop.balance("alice") == 90
+    assert await shop.transfers() == 1
+    entries = await shop.entries(key)
+    assert len(entries) == (1 if entry_first else 0)
+    assert raised.value.versionstamp == (entries[0].versionstamp if entries else None)
+
+
+async def test_concurrent_units_with_one_key_with_and_without_an_entry(
+    entry_shop: Shop,
+) -> None:
+    """Eight tasks run a unit with one key at once, half of them writing an
+    outbox entry and half not: exactly one commits."""
+    shop, key = entry_shop, new_key()
+    outcomes: list[Any] = []
+    retry = af.ExponentialBackoff(max_retries=50, initial=0.001, maximum=0.02)
+
+    async def one(outbox: bool) -> None:
+        try:
+            outcomes.append(
+                await shop.db.execute_uow(
+                    debit(10),
+                    schema=SHOP,
+                    namespace=shop.namespace,
+                    idempotency_key=key,
+                    outbox=outbox,
+                    retry=retry,
+                )
+            )
+        except af.AlreadyApplied as exc:
+            outcomes.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(8):
+            tg.start_soon(one, i % 2 == 0)
+    assert sum(not isinstance(o, af.AlreadyApplied) for o in outcomes) == 1, outcomes
+    assert len(outcomes) == 8
+    assert await shop.balance("alice") == 90
+    assert await shop.transfers() == 1
+    assert len(await shop.entries(key)) <= 1
+
+
 class LostBeforeServer:
     """Makes the next COMMIT of a mutation phase (the message that would
     commit it, whichever form it takes) fail as a lost connection before

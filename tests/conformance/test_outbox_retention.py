@@ -285,6 +285,26 @@ async def test_units_without_an_entry_keep_their_idempotency_key(odb: af.Databas
     assert await odb.fetch_value(af.sql("SELECT COUNT(*) FROM {t}", t=audit), int) == 1
 
 
+async def test_prune_frees_the_keys_of_the_entries_it_deletes(odb: af.Database) -> None:
+    """A keyed unit's key lives as long as its entry: the entries prune
+    deletes take their keys' rows with them (a key can then be used again),
+    the entries it keeps and keyed units without an entry keep theirs."""
+    old, kept, quiet = (f"k-{uuid.uuid4().hex}" for _ in range(3))
+    await create(odb, "old", idempotency_key=old)
+    await create(odb, "quiet", idempotency_key=quiet, outbox=False)
+    await create(odb, "kept", idempotency_key=kept)
+    assert await odb.outbox.prune(keep_last=1, keep_for=0) == 1
+
+    keys = await odb.fetch(
+        af.sql("SELECT {k} FROM {t}", k=af.Identifier("key"), t=af.Identifier(UNIT_KEYS))
+    )
+    assert sorted(row["key"] for row in keys) == sorted([kept, quiet])
+    await create(odb, "old again", idempotency_key=old)
+    for key, outbox in ((kept, True), (quiet, False)):
+        with pytest.raises(af.AlreadyApplied):
+            await create(odb, "twice", idempotency_key=key, outbox=outbox)
+
+
 async def test_a_unit_can_turn_the_outbox_on(target: Target, tmp_path: Path) -> None:
     require_target(target)
     if target.dialect != "sqlite":

@@ -222,6 +222,15 @@ class DatabaseUnavailable(DatabaseError):
     is right."""
 
 
+class ReadOnlyDatabase(DatabaseError):
+    """The server refused a write because it only reads: a standby (replica),
+    or a database made read-only by configuration (PostgreSQL's
+    ``default_transaction_read_only``, MySQL's ``read_only`` or a ``READ
+    ONLY`` transaction). Nothing was written, and aiofragno does not retry:
+    waiting would not make this server writable. Point the URL at the
+    primary (or promote this server), then run the work again."""
+
+
 class TLSError(DatabaseError):
     """A TLS connection could not be set up as the options ask: the server's
     certificate failed verification (a CA not trusted, a host name the

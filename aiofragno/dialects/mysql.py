@@ -27,6 +27,7 @@ from ..errors import (
     NotNullViolation,
     ProgrammingError,
     QueryCanceled,
+    ReadOnlyDatabase,
     SerializationFailure,
     UniqueViolation,
 )
@@ -207,6 +208,12 @@ _CODES: dict[str, tuple[type[Error], str]] = {
     "1053": (ConnectionLost, "08S01"),  # server shutdown in progress
     "2003": (DatabaseUnavailable, "08001"),  # can't connect
     "1040": (DatabaseUnavailable, "08004"),  # too many connections
+    # A write refused by a server that only reads: --read-only (a replica;
+    # 1290 is also other options' refusal, which no statement of ours meets),
+    # a READ ONLY transaction, InnoDB read-only mode.
+    "1290": (ReadOnlyDatabase, "HY000"),
+    "1792": (ReadOnlyDatabase, "25006"),
+    "1836": (ReadOnlyDatabase, "HY000"),
 }
 CODES: dict[str, type[Error]] = {code: cls for code, (cls, _) in _CODES.items()}
 SQLSTATES: dict[str, str] = {code: state for code, (_, state) in _CODES.items()}

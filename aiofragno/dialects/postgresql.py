@@ -31,6 +31,7 @@ from ..errors import (
     NotNullViolation,
     ProgrammingError,
     QueryCanceled,
+    ReadOnlyDatabase,
     SerializationFailure,
     TransactionConflict,
     UniqueViolation,
@@ -276,7 +277,7 @@ CODES: dict[str, type[Error]] = {
     "57P01": ConnectionLost,  # admin shutdown / pg_terminate_backend
     "57P02": ConnectionLost,  # crash shutdown
     "57P03": DatabaseUnavailable,  # cannot connect now (starting up)
-    "25006": ConnectionLost,  # read-only transaction: we were failed over to a replica
+    "25006": ReadOnlyDatabase,  # a write in a read-only transaction: a standby, or configured so
     "53300": DatabaseUnavailable,  # too many connections
 }
 PREFIXES: dict[str, type[Error]] = {

@@ -144,7 +144,6 @@ async def run_mutations(
     session = await held.get()
     phase = Phase(session, catalog, ops, entry, isolation, values, statements)
     stamp = await db.commit_plan.commit(phase)
-    uow.committed()
     if values is not None:
         uow.versionstamp = stamp
         if stamp is None:
@@ -280,6 +279,7 @@ async def execute_uow(
                     raise
                 else:
                     raise
+            uow.committed()
             await _after_commit(hooks, uow)
             db.stats.units += 1
             return value

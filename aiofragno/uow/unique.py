@@ -128,10 +128,9 @@ class UniqueConflicts:
         """Whether ``exc`` is a violation of one of these indexes."""
         if not self._names or not isinstance(exc, UniqueViolation):
             return False
-        found = re.search(self._catalog.adapter.sql.unique_violation, str(exc))
-        if found is None:
+        named = violated(self._catalog.adapter.sql.unique_violation, str(exc))
+        if named is None:
             return False
-        named = found.groupdict()
         if named.get("index") is not None:
             return named["index"] in self._names
         columns = [part.strip() for part in (named.get("columns") or "").split(",")]
@@ -140,3 +139,12 @@ class UniqueConflicts:
             return False
         names = frozenset(column.rpartition(".")[2] for column in columns)
         return (tables.pop(), names) in self._columns
+
+
+def violated(pattern: str, message: str) -> dict[str, str | None] | None:
+    """What ``pattern`` (a dialect's ``unique_violation``) finds in a unique
+    violation's ``message``: its last match, since the message may quote the
+    duplicate value first (MySQL: "Duplicate entry '<value>' for key
+    '<index>'"), and a value can hold anything."""
+    matches = list(re.finditer(pattern, message))
+    return matches[-1].groupdict() if matches else None

@@ -45,10 +45,16 @@ class Upserted:
 
     @property
     def result(self) -> RowId:
-        if self._result is None or not self.committed:
+        if not self.committed:
             raise ValidationError(
                 f"the result of this upsert on {self.table.name!r} is known once the unit has "
                 "committed: return it from your function and read it after execute_uow"
+            )
+        if self._result is None:
+            raise ValidationError(
+                f"this upsert on {self.table.name!r} committed, but its connection was lost "
+                "before the row came back (the unit's record proved the commit): read the row "
+                "by its key"
             )
         return self._result
 

@@ -14,6 +14,7 @@ would have created (see :func:`aiofragno.outbox.writer.describe`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -114,8 +115,13 @@ class Upsert(MutationOp):
         self.query = CompiledQuery(
             cached_text(catalog, table, key, self.render), create.query.parameters
         )
-        # The outbox entry's look-up of the row holding the key.
-        self.id_sql: tuple[SqlText, list[Any]] = id_by_key(catalog, table, self.key)
+        self._catalog = catalog
+
+    @functools.cached_property
+    def id_sql(self) -> tuple[SqlText, list[Any]]:
+        """The outbox entry's look-up of the row holding the key (its
+        external id), and its parameters."""
+        return id_by_key(self._catalog, self.table, self.key)
 
     @property
     def set_values(self) -> dict[str, Any]:

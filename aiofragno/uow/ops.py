@@ -485,7 +485,8 @@ class MutationOp:
         """Keep what the statement returned (only where ``wants_result``)."""
 
     def missing(self) -> Exception:
-        """The error when the operation matched no row the unit had seen."""
+        """The error when the operation matched no row, one the unit had not
+        seen (else it is a conflict)."""
         return RowNotFound(f"{self.stale()}; nothing was written")
 
     @property

@@ -54,7 +54,10 @@ def classify(exc: Exception) -> Outcome:
 
 def mismatch(op: MutationOp) -> Exception:
     """What an operation that matched no row makes of the phase: a conflict
-    if the unit had seen the row, else :class:`RowNotFound`."""
+    if the unit had seen the row, else the operation's own error
+    (:meth:`MutationOp.missing <.ops.MutationOp.missing>`:
+    :class:`~aiofragno.RowNotFound`, or a unique violation for an upsert's
+    read-back)."""
     return PhaseConflict(op.stale()) if op.seen else op.missing()
 
 

@@ -317,20 +317,28 @@ def _payload_value(kind: str, value: Any) -> Any:
     return tag(value)
 
 
-def _describe_write(
+def _mutation(
     op: MutationOp,
     kind: str,
     external_id: str,
     values: dict[str, Any] | None,
-    head: dict[str, Any],
+    where: tuple[str, str, str],
+    index: int,
     ref_map: dict[str, str],
 ) -> dict[str, Any]:
-    """One mutation of the payload: ``head`` (op, schema, namespace, table),
-    the row's ``external_id`` and, for a create or an update, its
-    ``values`` (as "values" or "set")."""
-    entry = {**head, "op": kind, "external_id": external_id}
-    index = head["index"]
-    del entry["index"]
+    """One mutation of the payload: ``kind`` (create, update, delete) of
+    the row ``external_id`` in ``where`` (schema, namespace, versionstamps'
+    first 20 hex digits) and, for a create or an update, its ``values``
+    (as "values" or "set"); the references among them go into ``ref_map``."""
+    schema, namespace, version = where
+    entry: dict[str, Any] = {
+        "op": kind,
+        "schema": schema,
+        "namespace": namespace,
+        "table": op.table.name,
+        "external_id": external_id,
+        "versionstamp": f"{version}{index:04x}",
+    }
     if values is not None:
         columns = op.table.columns
         stored: dict[str, Any] = {}
@@ -363,32 +371,25 @@ def describe(
     external id, even one created earlier in the unit), so the map needs no
     lookup.
 
-    An upsert (an operation with ``id_sql``), whose outcome is known only
-    once it ran, is a token string in the mutations, and ``outcomes`` gets
-    what replaces the token (with its JSON quotes) when the entry is
-    written: an SQL expression, and its parameters, giving the mutation as
-    a create or as an update."""
+    An upsert (:class:`~aiofragno.uow.upsert.Upsert`), whose outcome is
+    known only once it ran, is a token string in the mutations, and
+    ``outcomes`` gets what replaces the token (with its JSON quotes) when
+    the entry is written: an SQL expression, and its parameters, giving the
+    mutation as a create or as an update."""
     mutations: list[dict[str, Any] | str] = []
     ref_map: dict[str, str] = {}
+    where = (schema, namespace, version)
     for op in ops:
         index = len(mutations)
-        head: dict[str, Any] = {
-            "op": op.op,
-            "schema": schema,
-            "namespace": namespace,
-            "table": op.table.name,
-            "versionstamp": f"{version}{index:04x}",
-            "index": index,
-        }
         values = getattr(op, "values", None)
-        id_sql = getattr(op, "id_sql", None)
-        if id_sql is None or outcomes is None:
-            mutations.append(_describe_write(op, op.op, str(op.target), values, head, ref_map))
+        if op.op != "upsert" or outcomes is None:
+            mutations.append(_mutation(op, op.op, str(op.target), values, where, index, ref_map))
             continue
+        upsert: Any = op  # (an Upsert; not imported: the unit of work imports this module)
         token = f"{version}u{index:04x}"
-        created = _describe_write(op, "create", str(op.target), values, head, ref_map)
-        updated = _describe_write(op, "update", token, op.set_values, head, {})  # type: ignore[attr-defined]
-        look_up, look_up_parameters = id_sql
+        created = _mutation(op, "create", str(op.target), values, where, index, ref_map)
+        updated = _mutation(op, "update", token, upsert.set_values, where, index, {})
+        look_up, look_up_parameters = upsert.id_sql
         parameters = [
             *look_up_parameters,
             str(op.target),

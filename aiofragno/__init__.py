@@ -56,7 +56,16 @@ from .schema import Column, Index, Reference, RowId, Schema, Table, varchar
 from .sql import Fragment, Identifier, Json, sql
 from .stats import Stats
 from .transaction import Transaction
-from .uow import ExponentialBackoff, FindResult, NoRetry, RetryPolicy, UnitOfWork, UowHooks, c
+from .uow import (
+    ExponentialBackoff,
+    FindResult,
+    NoRetry,
+    RetryPolicy,
+    UnitOfWork,
+    UowHooks,
+    Upserted,
+    c,
+)
 from .url import ConnectOptions
 
 __version__ = "0.1.0"
@@ -125,6 +134,7 @@ __all__ = [
     "UniqueViolation",
     "UnitOfWork",
     "UowHooks",
+    "Upserted",
     "ValidationError",
     "WouldDeadlock",
     "WrongEventLoop",

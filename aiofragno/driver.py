@@ -14,7 +14,7 @@ import functools
 import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -301,6 +301,34 @@ class SqlSnippets:
     # The outbox's "ticks" strategy (:mod:`aiofragno.outbox.ticks`); None:
     # the dialect has only the counter.
     outbox_ticks: OutboxTicksSql | None = None
+    # The upsert's words (``uow.upsert``), see :class:`UpsertSql`.
+    upsert: UpsertSql = field(default_factory=lambda: UpsertSql())
+    # Finds the unique index a UniqueViolation's message names: a pattern with
+    # a group ``index`` (the index's name) or ``columns`` (its columns, each
+    # as ``table.column``, comma-separated), for ``uow.conflict_on_unique``.
+    unique_violation: str = r'unique constraint "(?P<index>[^"]+)"'
+
+
+@dataclass(frozen=True, slots=True)
+class UpsertSql:
+    """An insert that updates the row holding its unique key instead
+    (``uow.upsert``). ``into`` starts it (``{table}``; the existing row is
+    aliased ``t`` where it says so), ``clause`` follows its VALUES
+    (``{keys}``: the key's columns; ``{assignments}``): ``assign`` for each
+    column set, ``bump`` for the version (``{column}``: a quoted name;
+    ``{matches}``: the ``matches`` term of each key column, AND-ed — the
+    existing row holds the proposed key). ``updated_here``: where the clause
+    fires on any unique key, not only the one named, a condition true
+    right after the statement only if its update branch changed a row
+    (the row read back by the key must then be new, or this); None: the
+    clause fires on the named key alone."""
+
+    into: str = "INSERT INTO {table} AS t"
+    clause: str = " ON CONFLICT ({keys}) DO UPDATE SET {assignments}"
+    assign: str = "{column} = excluded.{column}"
+    bump: str = "{column} = t.{column} + 1"
+    matches: str = ""
+    updated_here: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,8 @@ _BASE = DialectAdapter(
         version_hex="printf('%020x', CAST({value} AS INTEGER))",
         json_from_text="{x}",
         # (No rows_array: the driver sends a batch in one round trip.)
+        # "UNIQUE constraint failed: table.a, table.b": columns, not the index.
+        unique_violation=r"UNIQUE constraint failed: (?P<columns>[^\[]+?)(?: \[|$)",
     ),
     commit=CommitPlanChoice("checked-in-process"),
     storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),

@@ -26,7 +26,7 @@ from ..codec import ValueCodec, utc_now
 from ..driver import CompiledQuery, DialectAdapter, QueryCompiler, QueryResult
 from ..settings_table import SETTINGS_TABLE
 from ..sql import Fragment, Identifier, Unbound, sql, sql_using
-from ..sqltext import SqlText
+from ..sqltext import SqlText, SqlTextWriter
 from ..tagged_json import dump_tagged, tag
 from .tables import OUTBOX_ID, UNIT_KEYS_ID, VERSION_KEY
 
@@ -100,9 +100,15 @@ _TICKED_INSERT = (
 
 
 class _Prepared:
-    """A statement compiled once, its :class:`Unbound` parameters filled in per use."""
+    """A statement compiled once, its :class:`Unbound` parameters filled in per use.
+
+    Where ``values`` has a ``payload_sql`` (see :func:`entry_values`), the
+    payload's parameter becomes that expression (its first parameter the
+    payload itself): the statement's text for each such expression is
+    rendered once."""
 
     def __init__(self, compiler: QueryCompiler, statement: Fragment) -> None:
+        self.compiler = compiler
         self.text, parameters = compiler.compile_parts(statement)
         self.sql = compiler.render(self.text)
         # Per parameter: the name of the value filled in per use, or None and
@@ -111,12 +117,37 @@ class _Prepared:
             (value.name, None) if isinstance(value, Unbound) else (None, value)
             for value in parameters
         ]
+        self._spliced: dict[SqlText, str] = {}
 
     def parameters(self, values: dict[str, Any]) -> tuple[Any, ...]:
+        if values.get("payload_sql") is not None:
+            raise RuntimeError("an entry describing upserts is written by its own statement")
         return tuple(value if name is None else values[name] for name, value in self._slots)
 
     def bind(self, values: dict[str, Any]) -> CompiledQuery:
-        return CompiledQuery(self.sql, self.parameters(values))
+        spliced = values.get("payload_sql")
+        if spliced is None:
+            return CompiledQuery(self.sql, self.parameters(values))
+        expression, expression_parameters = spliced
+        text = self._spliced.get(expression)
+        if text is None:
+            writer = SqlTextWriter()
+            pieces = self.text.pieces
+            writer.text(pieces[0])
+            for (name, _), piece in zip(self._slots, pieces[1:], strict=True):
+                if name == "payload":
+                    writer.add(expression)
+                else:
+                    writer.slot()
+                writer.text(piece)
+            text = self._spliced[expression] = self.compiler.render(writer.done())
+        parameters: list[Any] = []
+        for name, value in self._slots:
+            if name == "payload":
+                parameters += expression_parameters
+            else:
+                parameters.append(value if name is None else values[name])
+        return CompiledQuery(text, tuple(parameters))
 
 
 class EntryStatements(Protocol):
@@ -322,45 +353,114 @@ def _payload_value(kind: str, value: Any) -> Any:
     return tag(value)
 
 
+def _mutation(
+    op: MutationOp,
+    kind: str,
+    external_id: str,
+    values: dict[str, Any] | None,
+    where: tuple[str, str, str],
+    index: int,
+    ref_map: dict[str, str],
+) -> dict[str, Any]:
+    """One mutation of the payload: ``kind`` (create, update, delete) of
+    the row ``external_id`` in ``where`` (schema, namespace, versionstamps'
+    first 20 hex digits) and, for a create or an update, its ``values``
+    (as "values" or "set"); the references among them go into ``ref_map``."""
+    schema, namespace, version = where
+    entry: dict[str, Any] = {
+        "op": kind,
+        "schema": schema,
+        "namespace": namespace,
+        "table": op.table.name,
+        "external_id": external_id,
+        "versionstamp": f"{version}{index:04x}",
+    }
+    if values is not None:
+        columns = op.table.columns
+        stored: dict[str, Any] = {}
+        for column, value in values.items():
+            info = columns[column]
+            if value is None:
+                stored[column] = None
+                continue
+            if info.target is not None:
+                ref_map[f"{index}.{column}"] = str(value)
+            stored[column] = _payload_value(info.kind, value)
+        entry["values" if kind == "create" else "set"] = stored
+    if op.checked:
+        entry["check_version"] = tag(getattr(op.target, "version", None))
+    return entry
+
+
 def describe(
-    schema: str, namespace: str, ops: Sequence[MutationOp], version: str
-) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    schema: str,
+    namespace: str,
+    ops: Sequence[MutationOp],
+    version: str,
+    outcomes: list[tuple[str, SqlText, list[Any]]] | None = None,
+) -> tuple[list[dict[str, Any] | str], dict[str, str]]:
     """The payload's mutations, already tagged for JSON (only the column values
     can need tags: the rest is our own strings, and a column name never starts
     with ``$``), and the ref_map ("<index>.<column>" -> external id of the
     referenced row). ``version`` is the versionstamps' first 20 hex digits.
     References are always known by external id on our side (a RowId is its
     external id, even one created earlier in the unit), so the map needs no
-    lookup."""
-    mutations: list[dict[str, Any]] = []
+    lookup.
+
+    An upsert (:class:`~aiofragno.uow.upsert.Upsert`), whose outcome is
+    known only once it ran, is a token string in the mutations, and
+    ``outcomes`` gets what replaces the token (with its JSON quotes) when
+    the entry is written: an SQL expression, and its parameters, giving the
+    mutation as a create or as an update."""
+    mutations: list[dict[str, Any] | str] = []
     ref_map: dict[str, str] = {}
+    where = (schema, namespace, version)
     for op in ops:
         index = len(mutations)
-        entry: dict[str, Any] = {
-            "op": op.op,
-            "schema": schema,
-            "namespace": namespace,
-            "table": op.table.name,
-            "external_id": str(op.target),
-            "versionstamp": f"{version}{index:04x}",
-        }
         values = getattr(op, "values", None)
-        if values is not None:
-            columns = op.table.columns
-            stored: dict[str, Any] = {}
-            for column, value in values.items():
-                info = columns[column]
-                if value is None:
-                    stored[column] = None
-                    continue
-                if info.target is not None:
-                    ref_map[f"{index}.{column}"] = str(value)
-                stored[column] = _payload_value(info.kind, value)
-            entry["values" if op.op == "create" else "set"] = stored
-        if op.checked:
-            entry["check_version"] = tag(getattr(op.target, "version", None))
-        mutations.append(entry)
+        if op.op != "upsert" or outcomes is None:
+            mutations.append(_mutation(op, op.op, str(op.target), values, where, index, ref_map))
+            continue
+        upsert: Any = op  # (an Upsert; not imported: the unit of work imports this module)
+        token = f"{version}u{index:04x}"
+        created = _mutation(op, "create", str(op.target), values, where, index, ref_map)
+        updated = _mutation(op, "update", token, upsert.set_values, where, index, {})
+        look_up, look_up_parameters = upsert.id_sql
+        parameters = [
+            *look_up_parameters,
+            str(op.target),
+            dump_tagged(created),
+            dump_tagged(updated),
+            token,
+            *look_up_parameters,
+            str(op.target),
+        ]
+        outcomes.append((token, _outcome(look_up), parameters))
+        mutations.append(token)
     return mutations, ref_map
+
+
+def _outcome(look_up: SqlText) -> SqlText:
+    """Chooses an upsert's mutation once it ran: the create if the row holding
+    its key (``look_up``: its external id) is the one the upsert would have
+    created, else the update, its external id put in place of the token."""
+    writer = SqlTextWriter()
+    writer.text("CASE WHEN ")
+    writer.add(look_up)
+    writer.text(" = ")
+    writer.slot()  # the id the upsert would have created
+    writer.text(" THEN ")
+    writer.slot()  # the create
+    writer.text(" ELSE REPLACE(")
+    writer.slot()  # the update, with the token in its external id's place
+    writer.text(", ")
+    writer.slot()  # the token
+    writer.text(", COALESCE(")
+    writer.add(look_up)
+    writer.text(", ")
+    writer.slot()
+    writer.text(")) END")
+    return writer.done()
 
 
 def entry_values(
@@ -382,13 +482,29 @@ def entry_values(
     # database swaps in the version it reserves, so from the reservation to
     # COMMIT nothing waits for a reply from us.
     stand_in = os.urandom(10).hex()
-    mutations, ref_map = describe(schema, namespace, writes, stand_in)
+    outcomes: list[tuple[str, SqlText, list[Any]]] = []
+    mutations, ref_map = describe(schema, namespace, writes, stand_in, outcomes)
+    payload = dump_tagged({"version": 1, "mutations": mutations})
     return {
         "stamp": stand_in + "0000",
         "stand_in": stand_in,
         "uow_id": uow_id,
-        "payload": dump_tagged({"version": 1, "mutations": mutations}),
+        "payload": payload,
+        "payload_sql": _with_outcomes(payload, outcomes) if outcomes else None,
         "refs": dump_tagged(ref_map) if ref_map else None,
         "created": codec.encoder("timestamp")(utc_now()),
         "nonce": nonce,
     }
+
+
+def _with_outcomes(
+    payload: str, outcomes: list[tuple[str, SqlText, list[Any]]]
+) -> tuple[SqlText, list[Any]]:
+    """The payload as an SQL expression that puts each upsert's mutation
+    in its token's place (:func:`describe`), and its parameters."""
+    expression = SqlText(("", ""))  # the payload's own parameter
+    parameters: list[Any] = [payload]
+    for token, outcome, outcome_parameters in outcomes:
+        expression = "REPLACE(" + expression + ", " + SqlText(("", "")) + ", " + outcome + ")"
+        parameters += [f'"{token}"', *outcome_parameters]
+    return expression, parameters

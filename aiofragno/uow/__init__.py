@@ -7,6 +7,7 @@ from .expr import Col, Expr, c
 from .ops import FindResult
 from .retry import ExponentialBackoff, NoRetry, RetryPolicy
 from .unit import UnitOfWork
+from .upsert import Upserted
 
 __all__ = [
     "Col",
@@ -17,6 +18,7 @@ __all__ = [
     "RetryPolicy",
     "UnitOfWork",
     "UowHooks",
+    "Upserted",
     "c",
     "execute_uow",
 ]

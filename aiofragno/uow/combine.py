@@ -26,7 +26,7 @@ from typing import Any
 from ..driver import CompiledQuery, QueryResult
 from ..sqltext import SqlText
 from .catalog import Catalog
-from .ops import Check, Create, Delete, MutationOp, statement_text
+from .ops import Create, MutationOp, statement_text
 from .stale import STALE
 
 # (map() with it, and zip(), build a statement's key and parameters without
@@ -43,14 +43,14 @@ MAX_PARAMETERS = 30_000
 
 def combinable(ops: Sequence[MutationOp]) -> bool:
     """Whether ``ops`` give the same result run as one statement (and fit in one)."""
-    return len(groups(ops)) == 1 and not any(isinstance(op, Delete) for op in ops)
+    return len(groups(ops)) == 1 and not any(op.runs_alone for op in ops)
 
 
 def groups(ops: Sequence[MutationOp]) -> list[Sequence[MutationOp]]:
     """``ops`` cut, in order, into runs that each give the same result run as
     one statement: a run ends before an operation on a row it already
     touches or that looks up a row it creates, and when it is full; a
-    delete runs alone. Run one after the other, the runs give the same
+    delete (or an upsert) runs alone. Run one after the other, the runs give the same
     result as the operations one by one, in far fewer statements."""
     runs: list[Sequence[MutationOp]] = []
     run: list[MutationOp] = []
@@ -61,7 +61,7 @@ def groups(ops: Sequence[MutationOp]) -> list[Sequence[MutationOp]]:
         row = (op.table.name, str(op.target))
         size = len(op.query.parameters)
         if run and (
-            isinstance(op, Delete)
+            op.runs_alone
             or row in touched
             or any(ref in created for ref in op.lookups)
             or len(run) == MAX_PARTS
@@ -74,7 +74,7 @@ def groups(ops: Sequence[MutationOp]) -> list[Sequence[MutationOp]]:
         parameters += size
         if isinstance(op, Create):
             created.add(row[1])
-        elif isinstance(op, Delete):
+        elif op.runs_alone:
             runs.append(run)
             run, touched, created, parameters = [], set(), set(), 0
     if run:
@@ -146,7 +146,7 @@ def _parts(catalog: Catalog, ops: Sequence[MutationOp]) -> list[SqlText]:
         statement = statement_text(catalog, op.table, op.render)
         # A check is a SELECT of the row already; a write returns one row per
         # row it changed.
-        returning = "" if isinstance(op, Check) else " RETURNING 1"
+        returning = "" if op.is_read else " RETURNING 1"
         parts.append(f"q{index} AS (" + statement + f"{returning})")
     return parts
 

@@ -25,7 +25,7 @@ from ..schema import new_external_id
 from ..session import Session
 from ..transaction import current_transaction
 from .catalog import Catalog
-from .ops import Check, MutationOp
+from .ops import MutationOp
 from .outcomes import Outcome, classify
 from .plans import Phase
 from .records import key_statement, key_taken, new_nonce, settle
@@ -155,13 +155,13 @@ async def run_mutations(
 
 def _writes(ops: Sequence[MutationOp]) -> bool:
     """Whether ``ops`` change anything (checks alone do not)."""
-    return any(not isinstance(op, Check) for op in ops)
+    return any(not op.is_read for op in ops)
 
 
 def _outbox_writes(ops: Sequence[MutationOp]) -> list[MutationOp]:
     """The writes of ``ops`` that go into an outbox entry: not checks, and
     not to tables declared with ``outbox=False``."""
-    return [op for op in ops if not isinstance(op, Check) and op.table.table.outbox]
+    return [op for op in ops if not op.is_read and op.table.table.outbox]
 
 
 def _entry_values(
@@ -254,6 +254,8 @@ async def execute_uow(
                     await held.release()
             except Exception as exc:
                 outcome = classify(exc)
+                if outcome is Outcome.DUPLICATE_KEY and uow.unique_conflicts.match(exc):
+                    outcome = Outcome.CONFLICT
                 if outcome is Outcome.CONFLICT:
                     await _back_off(db, policy, hooks, uow, exc, attempt)
                     continue
@@ -278,6 +280,7 @@ async def execute_uow(
                     raise
                 else:
                     raise
+            uow.committed()
             await _after_commit(hooks, uow)
             db.stats.units += 1
             return value

@@ -22,7 +22,7 @@ from typing import Any, Generic, Literal, NoReturn, TypeVar
 from .. import tagged_json
 from ..brief import brief
 from ..driver import CompiledQuery, QueryResult
-from ..errors import ValidationError
+from ..errors import RowNotFound, ValidationError
 from ..schema import EXTERNAL_ID, INTERNAL_ID, VERSION, RowId, new_external_id
 from ..sqltext import SqlText
 from .catalog import Catalog, ColumnInfo, TableInfo
@@ -459,6 +459,13 @@ class MutationOp:
     checked: bool = False
     must_match: bool = True
     lookups: tuple[str, ...] = ()
+    # A read (a check): it changes nothing, and goes in no outbox entry.
+    is_read: bool = False
+    # Never part of a statement combining several operations (a delete; an
+    # upsert, whose row no other operation's target names).
+    runs_alone: bool = False
+    # Takes its statement's result (:meth:`take`) once the phase ran it.
+    wants_result: bool = False
     # Writes the operation's statement (its text only where the Compiling
     # builds it). (Not an ABC's abstract method: isinstance() with an ABC
     # costs ~0.1 us more, several times per operation.)
@@ -473,6 +480,14 @@ class MutationOp:
         """Whether the phase stops at this operation's ``result``."""
         # (For a check, a SELECT, rows_affected is the rows it returned.)
         return self.must_match and result.rows_affected == 0
+
+    def take(self, result: QueryResult) -> None:
+        """Keep what the statement returned (only where ``wants_result``)."""
+
+    def missing(self) -> Exception:
+        """The error when the operation matched no row, one the unit had not
+        seen (else it is a conflict)."""
+        return RowNotFound(f"{self.stale()}; nothing was written")
 
     @property
     def seen(self) -> bool:
@@ -595,6 +610,7 @@ def _render_target(ctx: Compiling, target: RowId | str, checked: bool) -> None:
 
 class Delete(MutationOp):
     op = "delete"
+    runs_alone = True
 
     def __init__(self, catalog: Catalog, table: TableInfo, target: Any, check: bool) -> None:
         super().__init__(table, row_id(target, table=table, need_version=check))
@@ -610,6 +626,7 @@ class Delete(MutationOp):
 class Check(MutationOp):
     op = "check"
     checked = True
+    is_read = True
 
     def __init__(self, catalog: Catalog, table: TableInfo, target: Any) -> None:
         super().__init__(table, row_id(target, table=table, need_version=True))

@@ -19,7 +19,6 @@ from ..errors import (
     ConnectionLost,
     DatabaseUnavailable,
     DataError,
-    RowNotFound,
     TransactionConflict,
     UniqueViolation,
 )
@@ -53,22 +52,26 @@ def classify(exc: Exception) -> Outcome:
     return Outcome.ERROR
 
 
-def mismatch(op: MutationOp) -> PhaseConflict | RowNotFound:
+def mismatch(op: MutationOp) -> Exception:
     """What an operation that matched no row makes of the phase: a conflict
-    if the unit had seen the row, else :class:`RowNotFound`."""
-    return (
-        PhaseConflict(op.stale()) if op.seen else RowNotFound(f"{op.stale()}; nothing was written")
-    )
+    if the unit had seen the row, else the operation's own error
+    (:meth:`MutationOp.missing <.ops.MutationOp.missing>`:
+    :class:`~aiofragno.RowNotFound`, or a unique violation for an upsert's
+    read-back)."""
+    return PhaseConflict(op.stale()) if op.seen else op.missing()
 
 
 def check(ops: Sequence[MutationOp], results: Sequence[QueryResult]) -> None:
-    """Raise the conflict of the first operation that matched no row."""
+    """Raise the conflict of the first operation that matched no row; hand
+    the others that want it their result."""
     for op, result in zip(ops, results, strict=False):  # (a batch may stop early)
         if op.conflicted(result):
             raise mismatch(op)
+        if op.wants_result:
+            op.take(result)
 
 
-def stale_conflict(ops: Sequence[MutationOp], exc: DataError) -> PhaseConflict | RowNotFound | None:
+def stale_conflict(ops: Sequence[MutationOp], exc: DataError) -> Exception | None:
     """The conflict of the operation whose stale check the database aborted
     with ``exc`` (:mod:`.stale`), or None if ``exc`` is another error."""
     index = stale_index(str(exc))

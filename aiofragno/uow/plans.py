@@ -39,7 +39,7 @@ from .catalog import Catalog
 from .combine import combinable, combine, combine_committing, groups, split
 from .ops import MutationOp
 from .outcomes import check, stale_conflict
-from .stale import guarded
+from .stale import guarded, take_results
 
 # Isolation levels whose transactions read one snapshot throughout.
 _SNAPSHOT_LEVELS = frozenset({"repeatable read", "serializable"})
@@ -196,6 +196,7 @@ class GuardedBatch(_InTransaction):
             if conflict is None:
                 raise
             raise conflict from exc
+        take_results(ops, results)
         return results[len(queries) :]
 
 

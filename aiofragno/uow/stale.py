@@ -14,8 +14,8 @@ import functools
 import re
 from collections.abc import Sequence
 
-from ..driver import CompiledQuery, StaleGuard
-from .ops import Check, MutationOp
+from ..driver import CompiledQuery, QueryResult, StaleGuard
+from .ops import MutationOp
 
 STALE = "aiofragno-stale-operation:"
 _STALE_INDEX = re.compile(re.escape(STALE) + r"(\d+)")
@@ -36,8 +36,18 @@ def guarded(ops: Sequence[MutationOp], guard: StaleGuard) -> list[CompiledQuery]
     for index, op in enumerate(ops):
         queries.append(op.query)
         if op.must_match:
-            queries.append(_guard(guard, isinstance(op, Check), index))
+            queries.append(_guard(guard, op.is_read, index))
     return queries
+
+
+def take_results(ops: Sequence[MutationOp], results: Sequence[QueryResult]) -> None:
+    """Hand each operation that wants it its result, from the results of
+    :func:`guarded`'s statements (a guard's come after its operation's)."""
+    position = 0
+    for op in ops:
+        if op.wants_result:
+            op.take(results[position])
+        position += 2 if op.must_match else 1
 
 
 @functools.lru_cache(maxsize=256)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import EllipsisType
 from typing import Any, TypeVar
 
 from ..driver import CompiledQuery, QueryResult
+from ..errors import ValidationError
 from ..schema import RowId
 from .catalog import Catalog
 from .combine_reads import combine_reads, split_reads
 from .expr import Expr
 from .ops import Check, Count, Create, Delete, Find, FindFirst, MutationOp, RetrievalOp, Update
+from .unique import UniqueConflicts, index_for_key, key_values, unique_index
+from .upsert import CheckAbsent, Upsert, Upserted, UpsertRead, checked_upsert, update_columns
 
 Where = Expr | Mapping[str, Any] | None
 R = TypeVar("R", bound=RetrievalOp[object])
@@ -43,6 +47,9 @@ class UnitOfWork:
         self._on_query = on_query
         self._reads: list[RetrievalOp[object]] = []
         self.mutations: list[MutationOp] = []
+        # Unique indexes whose violations make this unit a conflict.
+        self.unique_conflicts = UniqueConflicts(catalog)
+        self._upserts: list[Upserted] = []
         # The outbox entry's versionstamp once the mutation phase committed.
         self.versionstamp: str | None = None
 
@@ -116,6 +123,70 @@ class UnitOfWork:
     def check(self, table: str, row_id: RowId) -> None:
         """Conflict unless the row still exists at ``row_id.version``."""
         self.mutations.append(Check(self._catalog, self._catalog.table(table), row_id))
+
+    def upsert(
+        self,
+        table: str,
+        values: Mapping[str, Any],
+        *,
+        on: str | Sequence[str],
+        update: Sequence[str] | None = None,
+        check: RowId | EllipsisType | None = ...,
+    ) -> Upserted:
+        """Create the row holding ``values``' key on unique index ``on`` (its
+        name, or its columns), or update that row: set ``update`` (by
+        default, the given columns not in the key) and bump its version.
+        Once the unit has committed, ``.result`` is the row's id at its new
+        version and ``.created`` which of the two happened; the outbox entry
+        says it too (the mutation is a ``create`` or an ``update``).
+
+        ``check`` makes it depend on what the unit read: ``None`` (no row
+        held the key) conflicts if one does now; a row's ``RowId`` updates
+        that row only at that version (else a conflict). See
+        docs/units-of-work.md, Writes by unique key."""
+        info = self._catalog.table(table)
+        index = unique_index(info, on)
+        create = Create(self._catalog, info, values)
+        columns = update_columns(info, index, values, update)
+        handle = Upserted(info)
+        self._upserts.append(handle)
+        if check is ...:
+            op = Upsert(self._catalog, create, index, columns, handle)
+            self.mutations.append(op)
+            if not op.returning:
+                self.mutations.append(UpsertRead(self._catalog, op))
+        else:
+            if check is None:
+                self.unique_conflicts.add(info, index)
+            self.mutations += checked_upsert(self._catalog, create, index, columns, check, handle)
+        return handle
+
+    def check_absent(self, table: str, where: Mapping[str, Any]) -> None:
+        """Conflict unless no row holds the unique key ``where`` (a dict of
+        the columns of one unique index) when the writes run. A unique
+        violation of that index in this unit (a row with the key created
+        concurrently) is then a conflict too."""
+        info = self._catalog.table(table)
+        index = index_for_key(info, where)
+        key = key_values(info, index, where)
+        self.mutations.append(CheckAbsent(self._catalog, info, index, key))
+        self.unique_conflicts.add(info, index)
+
+    def conflict_on_unique(self, table: str, *indexes: str) -> None:
+        """Count a violation of these unique indexes of ``table`` in this
+        unit as a conflict — the unit runs again under the retry policy, and
+        can then read the row that got there first — instead of raising
+        :class:`~aiofragno.UniqueViolation`."""
+        info = self._catalog.table(table)
+        if not indexes:
+            raise ValidationError("conflict_on_unique needs at least one index name")
+        for name in indexes:
+            self.unique_conflicts.add(info, unique_index(info, name))
+
+    def committed(self) -> None:
+        """The mutation phase committed: the upserts' results are final."""
+        for handle in self._upserts:
+            handle.committed = True
 
     def _queue(self, op: R) -> R:
         self._reads.append(op)

@@ -51,7 +51,7 @@ from .outbox import (
     RedisSink,
     RelayError,
 )
-from .schema import Column, Index, Reference, RowId, Schema, Table, varchar
+from .schema import Column, Index, Reference, RowId, Schema, Table, array, enum, varchar
 from .sql import Fragment, Identifier, Json, sql
 from .stats import Stats
 from .transaction import Transaction
@@ -126,8 +126,10 @@ __all__ = [
     "ValidationError",
     "WouldDeadlock",
     "WrongEventLoop",
+    "array",
     "c",
     "connect",
+    "enum",
     "sql",
     "varchar",
 ]

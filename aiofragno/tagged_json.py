@@ -1,9 +1,12 @@
 """JSON with type tags, so values JSON has no type for round-trip exactly:
-datetimes, dates, Decimals, bytes and integers beyond 2**53 (which JavaScript
-and many JSON readers would round).
+datetimes, dates, times, Decimals, bytes, UUIDs and integers beyond 2**53
+(which JavaScript and many JSON readers would round). Floats are JSON numbers
+(Python writes the shortest text that reads back as the same double; NaN and
+infinities are never in a payload: the codec refuses them).
 
 A tagged value is a one-key object: ``{"$dt": "2024-01-01T00:00:00+00:00"}``,
-``{"$date": ...}``, ``{"$dec": "1.10"}``, ``{"$bytes": "<base64>"}``,
+``{"$date": ...}``, ``{"$time": "23:59:59.999999"}``, ``{"$dec": "1.10"}``,
+``{"$bytes": "<base64>"}``, ``{"$uuid": "0190...-..."}``,
 ``{"$int": "12345678901234567890"}``. A plain object whose single key starts
 with ``$`` is escaped as ``{"$obj": [[key, value]]}`` so it cannot be mistaken for one.
 """
@@ -13,9 +16,10 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable, Sequence
-from datetime import date, datetime
+from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 _SAFE_INT = 2**53
 
@@ -59,6 +63,10 @@ def _tag_other(value: Any) -> Any:
         return {"$dt": value.isoformat()}
     if isinstance(value, date):
         return {"$date": value.isoformat()}
+    if isinstance(value, time):
+        return {"$time": value.isoformat()}
+    if isinstance(value, UUID):
+        return {"$uuid": str(value)}
     if isinstance(value, Decimal):
         return {"$dec": str(value)}
     if isinstance(value, bytes | bytearray | memoryview):
@@ -74,6 +82,8 @@ _UNTAG: dict[str, Callable[[Any], Any]] = {
     "$int": int,
     "$dt": datetime.fromisoformat,
     "$date": date.fromisoformat,
+    "$time": time.fromisoformat,
+    "$uuid": UUID,
     "$dec": Decimal,
     "$bytes": base64.b64decode,
 }

@@ -89,6 +89,11 @@ ADAPTER = DialectAdapter(
         # and a value sits 4 levels down in an outbox entry's payload and 5
         # in its dead letter.
         json_max_depth=26,
+        # A DOUBLE keeps only 0.0 for -0.0.
+        float_negative_zero=False,
+        uuid="bytes",
+        time="timedelta",
+        arrays=False,
     ),
     session_changes=SessionChanges(
         "replace|table|show|describe|desc|rename|optimize|check|checksum|kill",
@@ -102,8 +107,10 @@ ADAPTER = DialectAdapter(
             "string": "varchar(255)",
             "text": "longtext",
             "varchar": "varchar({n})",
+            "smallint": "smallint",
             "integer": "int",
             "bigint": "bigint",
+            "float": "double",
             "decimal": "decimal(65,30)",
             "bool": "boolean",
             "json": "json",
@@ -111,6 +118,10 @@ ADAPTER = DialectAdapter(
             "binary": "longblob",
             "date": "date",
             "timestamp": "datetime(6)",
+            "time": "time(6)",
+            # 16 bytes: a third of char(36), and it sorts as PostgreSQL's uuid.
+            "uuid": "binary(16)",
+            "enum": "varchar(255)",
             "external_id": "varchar(64)",
             "reference": "bigint",
             "versionstamp": "char(24)",

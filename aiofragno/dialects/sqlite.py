@@ -63,7 +63,15 @@ _BASE = DialectAdapter(
         # (No rows_array: the driver sends a batch in one round trip.)
     ),
     commit=CommitPlanChoice("checked-in-process"),
-    storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),
+    storage=StorageProfile(
+        decimal="text",
+        bool="int",
+        date="text",
+        timestamp="epoch-ms",
+        uuid="bytes",
+        time="text",
+        arrays=False,
+    ),
     # PRAGMA is plain only for the pragmas that read (a setting's pragma
     # with an argument sets it); ATTACH and BEGIN are not plain.
     session_changes=SessionChanges(
@@ -77,8 +85,13 @@ _BASE = DialectAdapter(
             "string": "text",
             "text": "text",
             "varchar": "varchar({n})",
+            "smallint": "integer",
             "integer": "integer",
             "bigint": "integer",
+            # Blob affinity (the name's BLOB wins over its FLOA): a double is
+            # kept as it is bound. Under REAL affinity SQLite stores a float
+            # with no fraction as an integer, and -0.0 comes back as 0.0.
+            "float": "float_blob",
             # Text keeps every digit: SQLite has no exact decimal type.
             "decimal": "text",
             "bool": "integer",
@@ -87,6 +100,11 @@ _BASE = DialectAdapter(
             "binary": "blob",
             "date": "text",
             "timestamp": "integer",
+            # "HH:MM:SS.ffffff": fixed width, so text order is time order.
+            "time": "text",
+            # 16 bytes: a third of the text, and it sorts as PostgreSQL's uuid.
+            "uuid": "blob",
+            "enum": "text",
             "external_id": "text",
             "reference": "integer",
             "versionstamp": "text",

@@ -271,6 +271,9 @@ async def _migrate(
     session: Session, compile: Any, layout: Layout, ddl: Ddl, codec: ValueCodec, *, dry_run: bool
 ) -> MigrationResult:
     spec = ddl.spec
+    for table in layout.schema.tables.values():  # (a type the database lacks: before any DDL)
+        for column in table.columns.values():
+            ddl.column_type(column)
     migrator = Migrator(session, compile, layout, ddl, codec)
     settings = await migrator.fetch_names(spec.columns_sql, schema=None, table=SETTINGS_TABLE)
     if not settings:

@@ -14,9 +14,10 @@ with ``$`` is escaped as ``{"$obj": [[key, value]]}`` so it cannot be mistaken f
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from collections.abc import Callable, Sequence
-from datetime import date, datetime, time
+from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -60,7 +61,7 @@ def _tag_other(value: Any) -> Any:
     if isinstance(value, int):
         return value if -_SAFE_INT < value < _SAFE_INT else {"$int": str(value)}
     if isinstance(value, datetime):
-        return {"$dt": value.isoformat()}
+        return {"$dt": _datetime_text(value)}
     if isinstance(value, date):
         return {"$date": value.isoformat()}
     if isinstance(value, time):
@@ -76,6 +77,17 @@ def _tag_other(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [tag(v) for v in value]
     raise TypeError(f"cannot encode {type(value).__name__} as tagged JSON")
+
+
+def _datetime_text(value: datetime) -> str:
+    offset = value.utcoffset()
+    if offset is not None and offset.microseconds:
+        # Python 3.11's fromisoformat misreads an offset with a fraction of a
+        # second ("+00:00:00.000001" as UTC): such a datetime travels as the
+        # same instant in UTC.
+        with contextlib.suppress(OverflowError):
+            value = (value - offset).replace(tzinfo=UTC)
+    return value.isoformat()
 
 
 _UNTAG: dict[str, Callable[[Any], Any]] = {

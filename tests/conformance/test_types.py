@@ -962,3 +962,117 @@ async def test_an_enum_value_outside_the_set_reads_as_stored(
         return [row["e"] for row in op.result]
 
     assert await more_uow(db, ns, read) == ["gone"]
+
+
+ARRAYS = af.Schema(
+    "arraytypes",
+    af.Table(
+        "v",
+        af.Column("ints", af.array("integer"), nullable=True),
+        af.Column("small", af.array("smallint"), nullable=True),
+        af.Column("names", af.array(af.varchar(3)), nullable=True),
+        af.Column("states", af.array(af.enum(Status)), nullable=True),
+        af.Column("floats", af.array("float"), nullable=True),
+        af.Column("amounts", af.array("decimal"), nullable=True),
+        af.Column("ids", af.array("uuid"), nullable=True),
+        af.Column("stamps", af.array("timestamp"), nullable=True),
+        af.Column("times", af.array("time"), nullable=True),
+        af.Column("days", af.array("date"), default=[dt.date(2024, 2, 29)]),
+    ),
+)
+ARRAY_VALUES: list[tuple[str, Any]] = [
+    ("ints", []),
+    ("ints", [-(2**31), 0, 2**31 - 1]),
+    ("small", [-(2**15), 2**15 - 1]),
+    ("names", ["", "abc", "é😀'"]),
+    ("states", ["new", "paid"]),
+    ("floats", [-0.0, 5e-324, 1.7976931348623157e308, 0.1]),
+    ("amounts", [Decimal("-1.5"), Decimal("12345678901234567890.123456789")]),
+    ("ids", [uuid.UUID(int=0), uuid.UUID(int=2**128 - 1)]),
+    ("stamps", [dt.datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=UTC)]),
+    ("times", [dt.time(0), dt.time(23, 59, 59, 999999)]),
+]
+ARRAYS_REFUSED: list[tuple[str, Any]] = [
+    ("ints", [1, None]),  # no NULLs in arrays
+    ("ints", [1, "2"]),
+    ("ints", [1, True]),
+    ("ints", [[1, 2]]),  # no arrays of arrays
+    ("ints", [2**31]),
+    ("ints", 1),
+    ("ints", "12"),
+    ("small", [2**15]),
+    ("names", ["abcd"]),
+    ("names", ["a\x00"]),
+    ("states", ["new", "old"]),
+    ("floats", [1.0, math.nan]),
+    ("floats", [math.inf]),
+    ("amounts", [1.5]),
+    ("ids", ["0190a4c1-7e3b-7c2d-9f00-123456789abc"]),
+    ("stamps", [dt.datetime(2024, 1, 1)]),  # naive
+    ("times", [dt.time(1, tzinfo=UTC)]),
+]
+
+
+async def test_arrays_round_trip_on_postgresql_and_are_refused_elsewhere(
+    url: str, target: Target, spaces: Namespaces
+) -> None:
+    """PostgreSQL: a list in, a list out, each item exact and of its type,
+    found by equality, carried exactly by the outbox entry; hostile lists
+    are ValidationErrors naming the item, with nothing written. Other
+    databases have no arrays: migrating such a column is a MigrationError
+    before any DDL, using it a ValidationError."""
+    async with af.connect(url, backend=target.backend, pool_size=2, outbox=True) as db:
+        ns = spaces.use(db, ARRAYS).namespace
+        if not db._engine.adapter.storage.arrays:
+            with pytest.raises(af.MigrationError, match="no array columns"):
+                await db.migrate(ARRAYS, namespace=ns)
+            with pytest.raises(af.ValidationError, match="array"):
+                await count_in(db, ns, None, ARRAYS)
+            return
+        await db.migrate(ARRAYS, namespace=ns)
+        key = f"arrays-{uuid.uuid4()}"
+
+        async def write(uow: af.UnitOfWork) -> list[af.RowId]:
+            return [uow.create("v", {column: value}) for column, value in ARRAY_VALUES]
+
+        ids = await more_uow(db, ns, write, schema=ARRAYS, idempotency_key=key)
+
+        async def read(uow: af.UnitOfWork) -> tuple[list[dict[str, Any]], list[int]]:
+            rows = uow.find("v")
+            found = [uow.count("v", where={c: v}) for c, v in ARRAY_VALUES[1:]]
+            await uow.retrieve()
+            return list(rows.result), [op.result for op in found]
+
+        rows, found = await more_uow(db, ns, read, schema=ARRAYS)
+        assert found == [1] * (len(ARRAY_VALUES) - 1)
+        by_id = {row["id"]: row for row in rows}
+        entry = await db.outbox.find(key)
+        assert entry is not None
+        problems = []
+        for row_id, (column, value), mutation in zip(
+            ids, ARRAY_VALUES, entry.payload["mutations"], strict=True
+        ):
+            for where, got in (
+                ("row", by_id[row_id][column]),
+                ("entry", mutation["values"][column]),
+            ):
+                if type(got) is not list or len(got) != len(value):
+                    problems.append(f"{where} {column}: {got!r}")
+                    continue
+                problems += [
+                    f"{where} {column}[{i}]: {why}"
+                    for i, (item, back) in enumerate(zip(value, got, strict=True))
+                    if (why := same_bits(item, back))
+                ]
+            assert by_id[row_id]["days"] == [dt.date(2024, 2, 29)]  # (the default)
+        assert not problems, "\n".join(problems)
+
+        for column, value in ARRAYS_REFUSED:
+
+            async def bad(uow: af.UnitOfWork, column: str = column, value: Any = value) -> None:
+                uow.create("v", {"ints": [7]})
+                uow.create("v", {column: value})
+
+            with pytest.raises(af.ValidationError, match=f"v.{column}"):
+                await more_uow(db, ns, bad, schema=ARRAYS)
+        assert await count_in(db, ns, None, ARRAYS) == len(ARRAY_VALUES)

@@ -95,7 +95,7 @@ _UNTAG: dict[str, Callable[[Any], Any]] = {
     "$dt": datetime.fromisoformat,
     "$date": date.fromisoformat,
     "$time": time.fromisoformat,
-    "$uuid": UUID,
+    "$uuid": lambda text: UUID(str.__str__(text)),  # (a TypeError, not an AttributeError)
     "$dec": Decimal,
     "$bytes": base64.b64decode,
 }

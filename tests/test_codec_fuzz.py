@@ -453,6 +453,11 @@ cursor_texts = st.one_of(
         st.lists(
             st.integers()
             | st.sampled_from([2**63, -(2**63) - 1, True, 1.5, "$int"])
+            | st.builds(  # (a tag around a value of the wrong type)
+                lambda tag, value: {tag: value},
+                st.sampled_from(["$uuid", "$time", "$dt", "$date", "$dec", "$bytes"]),
+                st.integers() | st.text(max_size=4) | st.none(),
+            )
             | st.text(max_size=4)
             | st.none()
             | st.lists(st.integers(), max_size=2),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
+from uuid import UUID
 
 from ..driver import (
     Capabilities,
@@ -31,7 +32,14 @@ from ..errors import (
     UniqueViolation,
 )
 from ..sql import Json, SqlCompiler, unicode_text
-from .common import SessionChanges, decimal_param, isolation_sql, json_param, utc_naive
+from .common import (
+    SessionChanges,
+    decimal_param,
+    isolation_sql,
+    json_param,
+    utc_naive,
+    uuid_bytes,
+)
 
 SESSION_LOCK_SQL = "SELECT GET_LOCK(%s, 0)"
 # The id of the connection holding a session lock; NULL once that one is gone.
@@ -170,12 +178,14 @@ def create_compiler() -> SqlCompiler:
             # The driver writes a Decimal out positionally: bound it first.
             # (DECIMAL holds at most 65 digits, 30 of them after the point.)
             Decimal: decimal_param(65, 30, special=False),
+            # (As a uuid column stores them, so that a raw comparison matches.)
+            UUID: uuid_bytes,
         },
         empty_set="SELECT NULL FROM DUAL WHERE 1=0",
         # What the backend writes as a literal itself (see asyncmy._literal).
         scalars=(
             *(type(None), bool, int, float, Decimal, str, bytes, bytearray, memoryview),
-            *(datetime, date, time, timedelta, dict, Json),
+            *(datetime, date, time, timedelta, UUID, dict, Json),
         ),
     )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import date, datetime, time
 from decimal import Decimal
+from uuid import UUID
 
 from ..brief import brief
 from ..codec import utc_instant
@@ -36,7 +37,7 @@ from ..errors import (
 )
 from ..sql import Json, SqlCompiler, unicode_text
 from ..url import DatabaseURL, Options
-from .common import SessionChanges, json_param
+from .common import SessionChanges, json_param, uuid_bytes
 
 # The SQLite library version from which RETURNING is understood.
 RETURNING_SINCE = (3, 35, 0)
@@ -156,6 +157,10 @@ def _real(value: float) -> float:
     return value
 
 
+def _time(value: time) -> str:
+    return value.isoformat(timespec="microseconds")
+
+
 def create_compiler() -> SqlCompiler:
     return SqlCompiler(
         placeholder="?",
@@ -169,7 +174,9 @@ def create_compiler() -> SqlCompiler:
             Decimal: str,
             datetime: _datetime,
             date: date.isoformat,
-            time: time.isoformat,
+            # (As a time column stores them, so that a raw comparison matches.)
+            time: _time,
+            UUID: uuid_bytes,
             dict: json_param,
             Json: json_param,
         },
@@ -177,7 +184,7 @@ def create_compiler() -> SqlCompiler:
         # What sqlite3 binds, and what the encoders above turn into that.
         scalars=(
             *(type(None), bool, int, float, str, bytes, bytearray, memoryview),
-            *(Decimal, datetime, date, time, dict, Json),
+            *(Decimal, datetime, date, time, UUID, dict, Json),
         ),
     )
 

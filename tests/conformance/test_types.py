@@ -1152,3 +1152,23 @@ async def test_arrays_round_trip_on_postgresql_and_are_refused_elsewhere(
             with pytest.raises(af.ValidationError, match=f"v.{column}"):
                 await more_uow(db, ns, bad, schema=ARRAYS)
         assert await count_in(db, ns, None, ARRAYS) == len(ARRAY_VALUES)
+
+
+async def test_raw_parameters_match_the_stored_form(db: af.Database, spaces: Namespaces) -> None:
+    """A raw query's uuid, time, float and enum parameters compare with the
+    values the unit of work stored (uuids as 16 bytes, SQLite times as
+    fixed-width text)."""
+    ns = await migrated(db, spaces, MORE)
+    values = {"u": uuid.UUID(int=2**100 + 5), "tm": dt.time(7, 0), "fl": 0.1, "e": Status.PAID}
+
+    async def write(uow: af.UnitOfWork) -> None:
+        uow.create("v", values)
+        uow.create("v", {"sm": 1})
+
+    await more_uow(db, ns, write)
+    table = db.layout(MORE, ns).table("v").identifier
+    for column, value in values.items():
+        query = af.sql(
+            "SELECT count(*) FROM {t} WHERE {c} = {v}", t=table, c=af.Identifier(column), v=value
+        )
+        assert await db.fetch_value(query) == 1, column

@@ -985,8 +985,8 @@ async def test_added_columns_of_the_new_types_get_their_defaults(
     db: af.Database, spaces: Namespaces
 ) -> None:
     """A migration adding NOT NULL columns with defaults fills existing rows
-    with them (through a bound parameter where there is no portable
-    literal)."""
+    with them: through a bound parameter, as these have no portable literal
+    (an enum's and a smallint's are a string's and an integer's)."""
     ns = await migrated(db, spaces, MORE)
 
     async def seed(uow: af.UnitOfWork) -> None:
@@ -996,9 +996,7 @@ async def test_added_columns_of_the_new_types_get_their_defaults(
     defaults: dict[str, tuple[Any, Any]] = {
         "fl2": ("float", -2.5e-300),
         "u2": ("uuid", uuid.UUID(int=7)),
-        "e2": (af.enum("x", "it's"), "it's"),
         "tm2": ("time", dt.time(1, 2, 3, 4)),
-        "sm2": ("smallint", -(2**15)),
     }
     later = af.Schema(
         "moretypes",

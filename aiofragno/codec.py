@@ -226,7 +226,7 @@ def _time(as_text: bool) -> Encode:
             raise _type_error("time", value)
         if value.tzinfo is not None:
             raise ValidationError(
-                f"{value.isoformat()} has a time zone, which a time column does not keep: pass "
+                f"{brief(value, 80)} has a time zone, which a time column does not keep: pass "
                 "a naive time (value.replace(tzinfo=None)), or use a timestamp column"
             )
         # (Fixed-width text, so that text order is time order.)

@@ -213,6 +213,7 @@ scalars = st.one_of(
     st.dates(),
     datetimes,
     st.times(timezones=tzinfos),
+    offsets.map(lambda offset: dt.time(12, tzinfo=WrongOffset(offset))),
     st.sampled_from([-0.0, 2**53, 2**53 + 1, 10**400, 2**15, -(2**15) - 1]),
     st.timedeltas(),
     st.uuids(),

@@ -158,7 +158,12 @@ def _real(value: float) -> float:
 
 
 def _time(value: time) -> str:
-    return value.isoformat(timespec="microseconds")
+    try:  # (an aware time's text calls its tzinfo's utcoffset())
+        return value.isoformat(timespec="microseconds")
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(
+            f"the tzinfo of {brief(value, 80)} gives no valid UTC offset: {exc}"
+        ) from None
 
 
 def create_compiler() -> SqlCompiler:

@@ -52,7 +52,7 @@ from .outbox import (
     RedisSink,
     RelayError,
 )
-from .schema import Column, Index, Reference, RowId, Schema, Table, varchar
+from .schema import Column, Index, Reference, RowId, Schema, Table, array, enum, varchar
 from .sql import Fragment, Identifier, Json, sql
 from .stats import Stats
 from .transaction import Transaction
@@ -138,8 +138,10 @@ __all__ = [
     "ValidationError",
     "WouldDeadlock",
     "WrongEventLoop",
+    "array",
     "c",
     "connect",
+    "enum",
     "sql",
     "varchar",
 ]

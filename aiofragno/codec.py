@@ -6,18 +6,24 @@ refused with :class:`~aiofragno.errors.ValidationError` rather than changed:
 floats for decimals, sub-millisecond timestamps under SQLite's epoch-ms
 profile, NUL characters in PostgreSQL text, naive datetimes (unless
 ``naive_datetimes="utc"``), integers outside the column's range, strings longer
-than the column holds.
+than the column holds, floats that are not finite (every backend alike: MySQL
+has no NaN or infinity, and an outbox entry's JSON neither), ``-0.0`` where
+the database keeps only ``0.0`` (MySQL), ints that no double holds exactly,
+enum values outside the declared set, times with a time zone.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from .brief import brief
+from .column_types import ArrayType, EnumType, TypeArg
 from .driver import StorageProfile
 from .errors import ValidationError
 from .sql import json_text, unicode_text
@@ -30,17 +36,27 @@ LOGICAL_TYPES = frozenset(
         "string",
         "text",
         "varchar",
+        "smallint",
         "integer",
         "bigint",
+        "float",
         "decimal",
         "bool",
         "json",
         "binary",
         "date",
         "timestamp",
+        "time",
+        "uuid",
+        "enum",
+        "array",
     }
 )
-_INT_RANGES = {"integer": (-(2**31), 2**31 - 1), "bigint": (-(2**63), 2**63 - 1)}
+_INT_RANGES = {
+    "smallint": (-(2**15), 2**15 - 1),
+    "integer": (-(2**31), 2**31 - 1),
+    "bigint": (-(2**63), 2**63 - 1),
+}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MILLISECOND = timedelta(milliseconds=1)
 
@@ -164,6 +180,126 @@ def _binary(value: Any) -> Any:
     return bytes(value)
 
 
+def _float(negative_zero: bool) -> Encode:
+    def encode(value: Any) -> Any:
+        if isinstance(value, float):
+            number = float(value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            number = _exact_double(value)
+        else:
+            hint = " (pass float(x), which rounds it)" if isinstance(value, Decimal) else ""
+            raise ValidationError(
+                f"expected a float value, got {type(value).__name__} {brief(value)}{hint}"
+            )
+        if not math.isfinite(number):
+            raise ValidationError(
+                f"{number!r} cannot be stored: float columns hold finite numbers on every "
+                "backend (MySQL has no NaN or infinity, and JSON neither); store NULL instead"
+            )
+        if not negative_zero and number == 0.0 and math.copysign(1.0, number) < 0:
+            raise ValidationError(
+                "-0.0 cannot be stored exactly: this database keeps it as 0.0; pass 0.0 "
+                "(x + 0.0 turns -0.0 into 0.0)"
+            )
+        return number
+
+    return encode
+
+
+def _exact_double(value: int) -> float:
+    """``value`` as a float, if a double holds it exactly."""
+    try:
+        number = float(value)
+        exact = int(number) == value
+    except OverflowError:
+        exact = False
+    if not exact:
+        raise ValidationError(
+            f"{brief(value)} has no exact float (double) value; pass float(x) to round it"
+        )
+    return number
+
+
+def _time(as_text: bool) -> Encode:
+    def encode(value: Any) -> Any:
+        if not isinstance(value, time):
+            raise _type_error("time", value)
+        if value.tzinfo is not None:
+            raise ValidationError(
+                f"{brief(value, 80)} has a time zone, which a time column does not keep: pass "
+                "a naive time (value.replace(tzinfo=None)), or use a timestamp column"
+            )
+        # (Fixed-width text, so that text order is time order.)
+        return value.isoformat(timespec="microseconds") if as_text else value
+
+    return encode
+
+
+def _time_of_day(value: timedelta) -> time:
+    """A MySQL TIME (the driver's timedelta) as a time of day."""
+    if not timedelta(0) <= value < timedelta(days=1):
+        raise ValueError(f"the database holds {value} in a time column: not a time of day")
+    minutes, seconds = divmod(value.seconds, 60)
+    return time(minutes // 60, minutes % 60, seconds, value.microseconds)
+
+
+def _uuid(as_bytes: bool) -> Encode:
+    def encode(value: Any) -> Any:
+        if not isinstance(value, UUID):
+            hint = " (pass uuid.UUID(text))" if isinstance(value, str) else ""
+            raise ValidationError(
+                f"expected a uuid.UUID value, got {type(value).__name__} {brief(value)}{hint}"
+            )
+        return value.bytes if as_bytes else value
+
+    return encode
+
+
+def _plain_uuid(value: Any) -> UUID:
+    """A driver's UUID (asyncpg's subclass) or 16 bytes as a uuid.UUID."""
+    if isinstance(value, UUID):
+        return value if type(value) is UUID else UUID(int=value.int)
+    return UUID(bytes=bytes(value))
+
+
+def _enum(declared: EnumType) -> Encode:
+    members = {value: value for value in declared.values}
+
+    def encode(value: Any) -> Any:
+        if not isinstance(value, str):
+            raise _type_error("str", value)
+        member = members.get(value)
+        if member is None:
+            raise ValidationError(f"{brief(value)} is not one of {brief(declared.values, 200)}")
+        return member  # (the declared str: a StrEnum member is stored as its value)
+
+    return encode
+
+
+def _array(element: Encode) -> Encode:
+    def encode(value: Any) -> Any:
+        if not isinstance(value, list | tuple):
+            raise _type_error("list", value)
+        items = []
+        for index, item in enumerate(value):
+            if item is None:
+                raise ValidationError(
+                    f"item {index} is None: arrays hold no NULLs (a nullable column can hold "
+                    "NULL instead of an array)"
+                )
+            try:
+                items.append(element(item))
+            except ValidationError as exc:
+                raise ValidationError(f"item {index}: {exc}") from None
+        return items
+
+    return encode
+
+
+def _array_items(decode: Decode) -> Decode:
+    return lambda value: [None if item is None else decode(item) for item in value]
+
+
 def _refuse_infinity(value: date, low: date, high: date) -> None:
     if value in (low, high):
         raise ValidationError(
@@ -252,43 +388,65 @@ class ValueCodec:
     def __init__(self, storage: StorageProfile, *, naive_datetimes: str = "reject") -> None:
         self.storage = storage
         self._naive_as_utc = naive_datetimes == "utc"
-        self._encoders: dict[tuple[str, int | None], Encode] = {}
+        self._encoders: dict[tuple[str, TypeArg], Encode] = {}
 
-    def encoder(self, kind: str, length: int | None = None) -> Encode:
-        """Check-and-convert for ``kind`` (``length``: a varchar's limit);
-        built once per kind and length (the outbox writer asks per unit)."""
-        encode = self._encoders.get((kind, length))
+    def encoder(self, kind: str, arg: TypeArg = None) -> Encode:
+        """Check-and-convert for ``kind`` (``arg``: a varchar's limit, an
+        enum's or array's declaration); built once per kind and argument (the
+        outbox writer asks per unit)."""
+        encode = self._encoders.get((kind, arg))
         if encode is None:
-            encode = self._encoders[kind, length] = self._build_encoder(kind, length)
+            encode = self._encoders[kind, arg] = self._build_encoder(kind, arg)
         return encode
 
-    def _build_encoder(self, kind: str, length: int | None) -> Encode:
+    def _build_encoder(self, kind: str, arg: TypeArg) -> Encode:
         s = self.storage
         if kind in ("string", "text", "varchar"):
-            limit = (
-                length if kind == "varchar" else s.string_max_chars if kind == "string" else None
-            )
+            limit = arg if kind == "varchar" else s.string_max_chars if kind == "string" else None
+            assert limit is None or isinstance(limit, int)
             return _text(limit, s.text_rejects_nul)
         if kind in _INT_RANGES:
             return _integer(kind)
+        if kind == "enum" and isinstance(arg, EnumType):
+            return _enum(arg)
+        if kind == "array" and isinstance(arg, ArrayType):
+            if not s.arrays:
+                raise ValidationError(
+                    "array columns need a database with arrays (PostgreSQL); use a json "
+                    "column on this one"
+                )
+            return _array(self.encoder(arg.element, arg.element_arg))
         factories: dict[str, Callable[[], Encode]] = {
             "decimal": lambda: _decimal(s.decimal == "text", s.decimal_digits),
             "bool": lambda: _bool(s.bool == "int"),
             "json": lambda: _json(s.text_rejects_nul, s.json_max_depth),
             "binary": lambda: _binary,
+            "float": lambda: _float(s.float_negative_zero),
+            "time": lambda: _time(s.time == "text"),
+            "uuid": lambda: _uuid(s.uuid == "bytes"),
             "date": lambda: _date(s.date == "text", s.extreme_dates_are_infinity),
             "timestamp": lambda: _timestamp(
                 s.timestamp, self._naive_as_utc, s.extreme_dates_are_infinity
             ),
         }
         if kind not in factories:
-            raise ValidationError(f"unknown column type {kind!r}")
+            raise ValidationError(f"unknown column type {kind!r} (or no argument for it)")
         return factories[kind]()
 
-    def decoder(self, kind: str) -> Decode | None:
+    def decoder(self, kind: str, arg: TypeArg = None) -> Decode | None:
         """Driver value -> Python for ``kind``; None when the driver's value is
-        already right."""
+        already right. An enum's value is returned as stored, declared or
+        not (a value since dropped from the set stays readable)."""
         s = self.storage
+        if kind == "float":
+            return float  # (SQLite hands back an int written by hand as one)
+        if kind == "time":
+            return {"native": None, "timedelta": _time_of_day, "text": time.fromisoformat}[s.time]
+        if kind == "uuid":
+            return _plain_uuid
+        if kind == "array" and isinstance(arg, ArrayType):
+            element = self.decoder(arg.element, arg.element_arg)
+            return None if element is None else _array_items(element)
         if kind == "decimal":
             return Decimal if s.decimal == "text" else None
         if kind == "bool":
@@ -304,10 +462,36 @@ class ValueCodec:
         return None
 
 
-def check_value(kind: str, value: Any, length: int | None = None) -> None:
+def check_value(kind: str, value: Any, arg: TypeArg = None) -> None:
     """Raise ValidationError unless ``value`` suits ``kind`` on every dialect's
     common ground (used for schema defaults)."""
-    ValueCodec(StorageProfile(), naive_datetimes="reject").encoder(kind, length)(value)
+    ValueCodec(StorageProfile(), naive_datetimes="reject").encoder(kind, arg)(value)
+
+
+def read_back(kind: str, arg: TypeArg, value: Any) -> Any:
+    """``value``, accepted by the encoder of ``kind``, as a read gives it back
+    (what an outbox entry's payload carries): an int given for a decimal as
+    a Decimal, for a float as a float; a naive datetime accepted as UTC as
+    an aware one; bytes-like values as bytes; a str subclass (a StrEnum
+    member) as its str; an array given as a tuple as a list, its items alike."""
+    if kind == "array" and isinstance(arg, ArrayType):
+        return [read_back(arg.element, arg.element_arg, item) for item in value]
+    convert = _READ_BACK.get(kind)
+    return value if convert is None else convert(value)
+
+
+def _aware(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+_READ_BACK: dict[str, Callable[[Any], Any]] = {
+    **dict.fromkeys(("string", "text", "varchar", "enum"), str.__str__),
+    "decimal": lambda value: Decimal(value) if isinstance(value, int) else value,
+    "float": float,
+    "timestamp": _aware,
+    "binary": bytes,
+    "uuid": _plain_uuid,
+}
 
 
 def as_utc(value: Any) -> datetime:

@@ -26,6 +26,9 @@ from typing import (
     runtime_checkable,
 )
 
+from .column_types import ArrayType, TypeArg
+from .errors import SchemaError
+
 if TYPE_CHECKING:
     from .sqltext import SqlText
 
@@ -168,6 +171,14 @@ class StorageProfile:
     json_max_depth: int = 64
     # The driver turns date/datetime min and max into +-infinity (asyncpg).
     extreme_dates_are_infinity: bool = False
+    # A float column keeps -0.0 (MySQL and MariaDB store 0.0 for it).
+    float_negative_zero: bool = True
+    # uuid: the database's own type, or 16 bytes (big-endian, RFC 9562's order).
+    uuid: Literal["native", "bytes"] = "native"
+    # time: the driver's time, a MySQL TIME (the driver's timedelta), or ISO text.
+    time: Literal["native", "timedelta", "text"] = "native"
+    # Array columns (PostgreSQL's).
+    arrays: bool = True
     decimal: Literal["native", "text"] = "native"
     bool: Literal["native", "int"] = "native"
     date: Literal["native", "text"] = "native"
@@ -179,7 +190,8 @@ class DdlSpec:
     """What migrations need to know to write DDL for one dialect.
 
     ``types`` maps logical column types to SQL types (``varchar`` contains
-    ``{n}``), plus ``json_document``: JSON that is only stored and handed back
+    ``{n}``, ``array`` ``{element}``; a type missing is one the database
+    lacks, see :meth:`type_sql`), plus ``json_document``: JSON that is only stored and handed back
     whole (the outbox's), in the type that does the least work for that. The ``*_sql`` templates are ``af.sql`` templates: ``columns_sql``
     and ``indexes_sql`` take ``{schema}`` (None: the current one) and
     ``{table}`` and return rows with a ``name`` column; the lock templates take
@@ -218,6 +230,20 @@ class DdlSpec:
     # idempotent; run by every migration until the id column exists. Empty:
     # the dialect has only the counter.
     outbox_ticks_sql: tuple[str, ...] = ()
+
+    def type_sql(self, kind: str, arg: TypeArg = None) -> str:
+        """The SQL type of a column of logical type ``kind`` (``arg``: its
+        argument, see :mod:`aiofragno.column_types`); a SchemaError for one
+        this database has no type for (arrays outside PostgreSQL)."""
+        template = self.types.get(kind)
+        if template is None:
+            raise SchemaError(
+                f"this database has no {kind} columns (arrays: PostgreSQL only; use a json "
+                "column elsewhere)"
+            )
+        if isinstance(arg, ArrayType):
+            template = template.replace("{element}", self.type_sql(arg.element, arg.element_arg))
+        return template.replace("{n}", str(arg)) if isinstance(arg, int) else template
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,7 @@ class Ddl:
 
     def column_type(self, column: Column) -> str:
         kind = "reference" if isinstance(column, Reference) else column.kind
-        return self.spec.types[kind].replace("{n}", str(column.length))
+        return self.spec.type_sql(kind, column.arg)
 
     def column(self, column: Column, *, nullable: bool | None = None) -> str:
         null = column.nullable if nullable is None else nullable
@@ -97,7 +97,7 @@ class Ddl:
         be written as a portable literal; it is then applied by the client)."""
         if column.default is None:
             return None
-        return literal(self.codec.encoder(column.kind, column.length)(column.default), self.spec)
+        return literal(self.codec.encoder(column.kind, column.arg)(column.default), self.spec)
 
     def references(self, column: Reference, layout: Layout) -> str:
         target = layout.table(column.to_table)
@@ -222,7 +222,7 @@ class Migrator:
             await self.run(statement, dry_run=dry_run)
         if column.default is not None and self.ddl.default(column) is None and not dry_run:
             # No portable literal: fill existing rows through a bound parameter.
-            value = self.codec.encoder(column.kind, column.length)(column.default)
+            value = self.codec.encoder(column.kind, column.arg)(column.default)
             fill = sql(
                 "UPDATE {t} SET {c} = {v} WHERE {c} IS NULL",
                 t=physical.identifier,
@@ -271,6 +271,9 @@ async def _migrate(
     session: Session, compile: Any, layout: Layout, ddl: Ddl, codec: ValueCodec, *, dry_run: bool
 ) -> MigrationResult:
     spec = ddl.spec
+    for table in layout.schema.tables.values():  # (a type the database lacks: before any DDL)
+        for column in table.columns.values():
+            ddl.column_type(column)
     migrator = Migrator(session, compile, layout, ddl, codec)
     settings = await migrator.fetch_names(spec.columns_sql, schema=None, table=SETTINGS_TABLE)
     if not settings:

@@ -23,9 +23,11 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from .codec import LOGICAL_TYPES, check_value
+from .column_types import ArrayType, EnumType, TypeArg
 from .errors import SchemaError, ValidationError
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")  # (fullmatch: "$" would allow a final "\n")
@@ -110,6 +112,81 @@ def varchar(length: int) -> VarChar:
     return VarChar(length)
 
 
+ENUM_MAX_CHARS = 255  # (what a string column holds on MySQL, where enums are stored)
+
+
+def enum(*values: str | type[Enum]) -> EnumType:
+    """A string column holding one of ``values``: ``af.enum("new", "paid")``,
+    or ``af.enum(Status)`` for a ``StrEnum`` (its members' values). Writes
+    and where-values are checked against the set; reads return the stored
+    str as it is (a value since dropped from the set stays readable)."""
+    if len(values) == 1 and isinstance(values[0], type) and issubclass(values[0], Enum):
+        values = tuple(member.value for member in values[0])
+    if not values:
+        raise SchemaError("an enum needs at least one value")
+    names: list[str] = []
+    for value in values:
+        if not isinstance(value, str) or not _storable_text(value):
+            raise SchemaError(
+                f"enum values are str of at most {ENUM_MAX_CHARS} characters without NUL or "
+                f"lone surrogates, got {value!r:.80}"
+            )
+        names.append(str.__str__(value))
+    if len(set(names)) != len(names):
+        raise SchemaError(f"an enum lists a value twice: {names!r:.200}")
+    return EnumType(tuple(names))
+
+
+def _storable_text(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return len(value) <= ENUM_MAX_CHARS and "\x00" not in value
+
+
+# Types an array's items may have: scalars with an exact array form in
+# PostgreSQL and asyncpg (not json, whose arrays the driver sends as text,
+# nor arrays of arrays, which PostgreSQL flattens into dimensions).
+_ARRAY_ITEMS = LOGICAL_TYPES - {"json", "array"}
+
+
+def array(element: str | VarChar | EnumType) -> ArrayType:
+    """A PostgreSQL array of ``element`` (a scalar type: ``"integer"``,
+    ``af.varchar(20)``, ``af.enum(...)``, ...): a list in and out, each item
+    checked as a value of that type, none of them None. Other databases
+    have no arrays: migrating or using such a column there is an error."""
+    kind, arg = _resolve_type(element, "an array's items")
+    if kind not in _ARRAY_ITEMS:
+        raise SchemaError(f"arrays hold scalar items, not {kind}")
+    return ArrayType(kind, arg, _type_name(kind, arg))
+
+
+def _resolve_type(declared: Any, what: str) -> tuple[str, TypeArg]:
+    """A declared type as its kind and argument (see
+    :mod:`aiofragno.column_types`)."""
+    if isinstance(declared, VarChar):
+        return "varchar", declared.length
+    if isinstance(declared, EnumType):
+        return "enum", declared
+    if isinstance(declared, ArrayType):
+        return "array", declared
+    if isinstance(declared, str) and declared in LOGICAL_TYPES - _WITH_ARGUMENTS:
+        return declared, None
+    known = ", ".join(sorted(LOGICAL_TYPES - _WITH_ARGUMENTS))
+    raise SchemaError(
+        f"{what} has unknown type {declared!r}; use one of {known}, af.varchar(n), "
+        "af.enum(...) or af.array(...)"
+    )
+
+
+_WITH_ARGUMENTS = frozenset({"varchar", "enum", "array"})
+
+
+def _type_name(kind: str, arg: TypeArg) -> str:
+    return kind if arg is None else str(arg) if kind != "varchar" else f"varchar({arg})"
+
+
 def _check_name(what: str, name: Any, where: str = "") -> None:
     place = f" in {where}" if where else ""
     if not isinstance(name, str) or not _NAME.fullmatch(name) or "__" in name:
@@ -133,31 +210,34 @@ def _check_distinct(what: str, name: str, existing: Iterable[str], where: str) -
 
 class Column:
     """A column: ``Column("balance", "bigint", default=0)``. Types: string, text,
-    integer, bigint, decimal, bool, json, binary, date, timestamp, or
-    ``af.varchar(n)``. ``default`` is used when ``create`` omits the column."""
+    smallint, integer, bigint, float, decimal, bool, json, binary, date,
+    timestamp, time, uuid, or ``af.varchar(n)``, ``af.enum(...)``,
+    ``af.array(...)``. ``default`` is used when ``create`` omits the column.
+
+    ``kind`` is the type's name and ``arg`` its argument (a varchar's length,
+    which ``length`` also holds; an enum's or array's declaration)."""
 
     kind: str
+    arg: TypeArg
     length: int | None
 
     def __init__(
-        self, name: str, type: str | VarChar, *, nullable: bool = False, default: Any = None
+        self,
+        name: str,
+        type: str | VarChar | EnumType | ArrayType,
+        *,
+        nullable: bool = False,
+        default: Any = None,
     ) -> None:
         _check_name("column", name)
         self.name = name
         self.nullable = bool(nullable)
         self.default = default
-        if isinstance(type, VarChar):
-            self.kind, self.length = "varchar", type.length
-        elif type in LOGICAL_TYPES and type != "varchar":
-            self.kind, self.length = type, None
-        else:
-            known = ", ".join(sorted(LOGICAL_TYPES - {"varchar"}))
-            raise SchemaError(
-                f"column {name!r} has unknown type {type!r}; use one of {known} or af.varchar(n)"
-            )
+        self.kind, self.arg = _resolve_type(type, f"column {name!r}")
+        self.length = self.arg if isinstance(self.arg, int) else None
         if default is not None:
             try:
-                check_value(self.kind, default, self.length)
+                check_value(self.kind, default, self.arg)
             except ValidationError as exc:
                 raise SchemaError(
                     f"column {name!r}: default {default!r} does not fit {self.type_name}: {exc}"
@@ -165,7 +245,7 @@ class Column:
 
     @property
     def type_name(self) -> str:
-        return f"varchar({self.length})" if self.kind == "varchar" else self.kind
+        return _type_name(self.kind, self.arg)
 
     def describe(self) -> dict[str, Any]:
         default = self.default

@@ -1,9 +1,12 @@
 """JSON with type tags, so values JSON has no type for round-trip exactly:
-datetimes, dates, Decimals, bytes and integers beyond 2**53 (which JavaScript
-and many JSON readers would round).
+datetimes, dates, times, Decimals, bytes, UUIDs and integers beyond 2**53
+(which JavaScript and many JSON readers would round). Floats are JSON numbers
+(Python writes the shortest text that reads back as the same double; NaN and
+infinities are never in a payload: the codec refuses them).
 
 A tagged value is a one-key object: ``{"$dt": "2024-01-01T00:00:00+00:00"}``,
-``{"$date": ...}``, ``{"$dec": "1.10"}``, ``{"$bytes": "<base64>"}``,
+``{"$date": ...}``, ``{"$time": "23:59:59.999999"}``, ``{"$dec": "1.10"}``,
+``{"$bytes": "<base64>"}``, ``{"$uuid": "0190...-..."}``,
 ``{"$int": "12345678901234567890"}``. A plain object whose single key starts
 with ``$`` is escaped as ``{"$obj": [[key, value]]}`` so it cannot be mistaken for one.
 """
@@ -11,11 +14,13 @@ with ``$`` is escaped as ``{"$obj": [[key, value]]}`` so it cannot be mistaken f
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from collections.abc import Callable, Sequence
-from datetime import date, datetime
+from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 _SAFE_INT = 2**53
 
@@ -56,9 +61,13 @@ def _tag_other(value: Any) -> Any:
     if isinstance(value, int):
         return value if -_SAFE_INT < value < _SAFE_INT else {"$int": str(value)}
     if isinstance(value, datetime):
-        return {"$dt": value.isoformat()}
+        return {"$dt": _datetime_text(value)}
     if isinstance(value, date):
         return {"$date": value.isoformat()}
+    if isinstance(value, time):
+        return {"$time": value.isoformat()}
+    if isinstance(value, UUID):
+        return {"$uuid": str(value)}
     if isinstance(value, Decimal):
         return {"$dec": str(value)}
     if isinstance(value, bytes | bytearray | memoryview):
@@ -70,10 +79,23 @@ def _tag_other(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__} as tagged JSON")
 
 
+def _datetime_text(value: datetime) -> str:
+    offset = value.utcoffset()
+    if offset is not None and offset.microseconds:
+        # Python 3.11's fromisoformat misreads an offset with a fraction of a
+        # second ("+00:00:00.000001" as UTC): such a datetime travels as the
+        # same instant in UTC.
+        with contextlib.suppress(OverflowError):
+            value = (value - offset).replace(tzinfo=UTC)
+    return value.isoformat()
+
+
 _UNTAG: dict[str, Callable[[Any], Any]] = {
     "$int": int,
     "$dt": datetime.fromisoformat,
     "$date": date.fromisoformat,
+    "$time": time.fromisoformat,
+    "$uuid": lambda text: UUID(str.__str__(text)),  # (a TypeError, not an AttributeError)
     "$dec": Decimal,
     "$bytes": base64.b64decode,
 }

@@ -5,6 +5,7 @@ within the identifier limit; custom strategies plug in."""
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import time
 import uuid
 from collections.abc import Callable
@@ -18,6 +19,12 @@ from aiofragno.naming import Layout, SchemaNaming, SuffixNaming, resolve_naming,
 from aiofragno.schema import new_external_id, tables_in_dependency_order
 
 C = af.Column
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+
+
 T = af.Table
 S = af.Schema
 
@@ -45,7 +52,7 @@ INVALID: dict[str, Callable[[], Any]] = {
     "reference name bad": lambda: af.Reference("1ref", "t"),
     "reference target bad": lambda: af.Reference("ref", "bad-table"),
     # types
-    "unknown type": lambda: C("a", "float"),
+    "unknown type": lambda: C("a", "double"),
     "type misspelt": lambda: C("a", "String"),
     "type reference as a string": lambda: C("a", "reference"),
     "bare varchar without length": lambda: C("a", "varchar"),
@@ -56,8 +63,27 @@ INVALID: dict[str, Callable[[], Any]] = {
     "varchar('10')": lambda: af.varchar("10"),  # type: ignore[arg-type]
     "varchar(True)": lambda: af.varchar(True),
     "varchar(2.5)": lambda: af.varchar(2.5),  # type: ignore[arg-type]
+    "bare enum without values": lambda: C("a", "enum"),
+    "enum()": lambda: af.enum(),
+    "enum value twice": lambda: af.enum("a", "b", "a"),
+    "enum value not a str": lambda: af.enum("a", 1),  # type: ignore[arg-type]
+    "enum of an int enum": lambda: af.enum(Level),
+    "enum value with NUL": lambda: af.enum("a\x00"),
+    "enum value with a lone surrogate": lambda: af.enum("\ud800"),
+    "enum value of 256 characters": lambda: af.enum("x" * 256),
+    "bare array without items": lambda: C("a", "array"),
+    "array of json": lambda: af.array("json"),
+    "array of arrays": lambda: af.array(af.array("integer")),  # type: ignore[arg-type]
+    "array of bare varchar": lambda: af.array("varchar"),
+    "array of an unknown type": lambda: af.array("double"),
     # defaults that do not fit the type
     "bigint default str": lambda: C("a", "bigint", default="0"),
+    "smallint default out of range": lambda: C("a", "smallint", default=2**15),
+    "float default NaN": lambda: C("a", "float", default=float("nan")),
+    "enum default not in the set": lambda: C("a", af.enum("x"), default="y"),
+    "time default with a time zone": lambda: C("a", "time", default=dt.time(tzinfo=dt.UTC)),
+    "uuid default str": lambda: C("a", "uuid", default=str(uuid.uuid4())),
+    "array default with None": lambda: C("a", af.array("integer"), default=[1, None]),
     "bigint default out of range": lambda: C("a", "bigint", default=2**63),
     "integer default out of range": lambda: C("a", "integer", default=2**31),
     "integer default bool": lambda: C("a", "integer", default=True),
@@ -154,11 +180,24 @@ def test_every_documented_type_is_accepted_with_a_fitting_default() -> None:
         "binary": b"\x00\xff",
         "date": dt.date(2024, 2, 29),
         "timestamp": dt.datetime(2024, 2, 29, 12, tzinfo=dt.UTC),
+        "smallint": -(2**15),
+        "float": -0.0,
+        "time": dt.time(23, 59, 59, 999999),
+        "uuid": uuid.UUID(int=1),
     }
     columns = [C(f"c_{kind}", kind, default=value) for kind, value in defaults.items()]
     columns.append(C("c_varchar", af.varchar(3), default="abc"))
+    columns.append(C("c_enum", af.enum("a", "it's"), default="it's"))
+    columns.append(C("c_array", af.array(af.varchar(2)), default=["ab", ""]))
     table = T("t", *columns)
-    assert [c.type_name for c in table.columns.values()] == [*defaults, "varchar(3)"]
+    assert [c.type_name for c in table.columns.values()] == [
+        *defaults,
+        "varchar(3)",
+        "enum('a', \"it's\")",
+        "array(varchar(2))",
+    ]
+    assert table.columns["c_varchar"].length == 3
+    assert table.columns["c_enum"].length is None
     # Boundary names are fine: 63 characters, digits and underscores after a letter.
     T("t" * 63, C("c" * 63, "string"), af.Index("i" * 63, ["c" * 63]))
     T("a_1", C("b2_", "string"))

@@ -4,6 +4,8 @@ exactly, whichever branch of the encoder it takes."""
 from __future__ import annotations
 
 import datetime as dt
+import struct
+import uuid
 from decimal import Decimal
 
 import pytest
@@ -36,8 +38,25 @@ def test_round_trip_of_every_kind() -> None:
         "list": [1, "two", [3.0, None]],
         "nested": {"a": {"b": [Decimal("0.1")]}},
         "dollar": {"$dt": "not a tag"},
+        "time": dt.time(23, 59, 59, 999999),
+        "aware_time": dt.time(1, 2, tzinfo=dt.timezone(dt.timedelta(hours=-3))),
+        "uuid": uuid.UUID("0190a4c1-7e3b-7c2d-9f00-123456789abc"),
     }
     assert tagged_json.loads(tagged_json.dumps(value)) == value
+
+
+def test_floats_come_back_bit_for_bit() -> None:
+    floats = [-0.0, 0.0, 5e-324, -2.225073858507201e-308, 1.7976931348623157e308, 0.1, 1 / 3]
+    back = tagged_json.loads(tagged_json.dumps(floats))
+    assert [struct.pack("<d", f) for f in back] == [struct.pack("<d", f) for f in floats]
+
+
+def test_a_sub_second_utc_offset_keeps_its_instant() -> None:
+    """(Python 3.11's fromisoformat reads "+00:00:00.000001" as UTC.)"""
+    odd = dt.timezone(dt.timedelta(microseconds=1))
+    value = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=odd)
+    back = tagged_json.loads(tagged_json.dumps(value))
+    assert back == value and back.utcoffset() == dt.timedelta(0)
 
 
 def test_subclasses_take_the_general_path() -> None:

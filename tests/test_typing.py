@@ -20,6 +20,7 @@ import aiofragno
 
 # README-style use: must type-check under --strict, with these types.
 GOOD = """
+import enum
 import ssl
 from pathlib import Path
 from typing import Any, assert_type
@@ -83,6 +84,19 @@ async def relaying(db: af.Database) -> None:
     await db.outbox.relay(af.RedisSink(key="shop"), batch_size=500, after=None)
     by_table = af.NatsSink(subject=lambda e: f"shop.{e.mutations[0]['table']}", stream="SHOP")
     await db.outbox.relay(by_table, stop=lambda: False)
+
+
+def declaring() -> af.Schema:
+    class Status(enum.StrEnum):
+        NEW = "new"
+
+    return af.Schema("orders", af.Table("orders",
+        af.Column("status", af.enum(Status), default="new"),
+        af.Column("kind", af.enum("a", "b"), nullable=True),
+        af.Column("tags", af.array(af.varchar(20)), nullable=True),
+        af.Column("codes", af.array(af.enum("x")), nullable=True),
+        af.Column("ratio", "float"),
+    ))
 """
 
 # Each marked line must be an error containing the marker's text.
@@ -122,6 +136,8 @@ async def relaying(db: af.Database) -> None:
     af.NatsSink("nats://127.0.0.1:4222")  # E: Missing named argument "subject"
     af.RedisSink(key="k", max_in_flight=8)  # E: Unexpected keyword argument "max_in_flight"
     await db.outbox.relay(object())  # E: Argument 1 to "relay" of "OutboxReader" has incompatible type "object"
+    af.enum(1)  # E: Argument 1 to "enum" has incompatible type "int"
+    af.array(5)  # E: Argument 1 to "array" has incompatible type "int"
     await db.outbox.relay(af.RedisSink(key="k"), after=1)  # E: "after" to "relay" of "OutboxReader" has incompatible type "int"
 """
 

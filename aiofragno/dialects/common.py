@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from ..codec import fit_decimal, utc_instant
 from ..driver import IsolationLevel, TextMemo
@@ -43,6 +44,12 @@ def decimal_param(before: int, after: int, *, special: bool) -> Callable[[Decima
         raise ValidationError(f"Decimal('{value}') cannot be stored exactly by this database")
 
     return encode
+
+
+def uuid_bytes(value: UUID) -> bytes:
+    """A raw ``uuid.UUID`` parameter as the 16 bytes a uuid column holds where
+    the database has no uuid type."""
+    return value.bytes
 
 
 def isolation_sql(isolation: IsolationLevel) -> str:

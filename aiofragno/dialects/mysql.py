@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
+from uuid import UUID
 
 from ..driver import (
     Capabilities,
@@ -33,7 +34,14 @@ from ..errors import (
     UniqueViolation,
 )
 from ..sql import Json, SqlCompiler, unicode_text
-from .common import SessionChanges, decimal_param, isolation_sql, json_param, utc_naive
+from .common import (
+    SessionChanges,
+    decimal_param,
+    isolation_sql,
+    json_param,
+    utc_naive,
+    uuid_bytes,
+)
 
 SESSION_LOCK_SQL = "SELECT GET_LOCK(%s, 0)"
 # The id of the connection holding a session lock; NULL once that one is gone.
@@ -105,6 +113,11 @@ ADAPTER = DialectAdapter(
         # and a value sits 4 levels down in an outbox entry's payload and 5
         # in its dead letter.
         json_max_depth=26,
+        # A DOUBLE keeps only 0.0 for -0.0.
+        float_negative_zero=False,
+        uuid="bytes",
+        time="timedelta",
+        arrays=False,
     ),
     session_changes=SessionChanges(
         "replace|table|show|describe|desc|rename|optimize|check|checksum|kill",
@@ -118,8 +131,10 @@ ADAPTER = DialectAdapter(
             "string": "varchar(255)",
             "text": "longtext",
             "varchar": "varchar({n})",
+            "smallint": "smallint",
             "integer": "int",
             "bigint": "bigint",
+            "float": "double",
             "decimal": "decimal(65,30)",
             "bool": "boolean",
             "json": "json",
@@ -127,6 +142,10 @@ ADAPTER = DialectAdapter(
             "binary": "longblob",
             "date": "date",
             "timestamp": "datetime(6)",
+            "time": "time(6)",
+            # 16 bytes: a third of char(36), and it sorts as PostgreSQL's uuid.
+            "uuid": "binary(16)",
+            "enum": "varchar(255)",
             "external_id": "varchar(64)",
             "reference": "bigint",
             "versionstamp": "char(24)",
@@ -175,12 +194,14 @@ def create_compiler() -> SqlCompiler:
             # The driver writes a Decimal out positionally: bound it first.
             # (DECIMAL holds at most 65 digits, 30 of them after the point.)
             Decimal: decimal_param(65, 30, special=False),
+            # (As a uuid column stores them, so that a raw comparison matches.)
+            UUID: uuid_bytes,
         },
         empty_set="SELECT NULL FROM DUAL WHERE 1=0",
         # What the backend writes as a literal itself (see asyncmy._literal).
         scalars=(
             *(type(None), bool, int, float, Decimal, str, bytes, bytearray, memoryview),
-            *(datetime, date, time, timedelta, dict, Json),
+            *(datetime, date, time, timedelta, UUID, dict, Json),
         ),
     )
 

@@ -161,8 +161,10 @@ ADAPTER = DialectAdapter(
             "string": "text",
             "text": "text",
             "varchar": "varchar({n})",
+            "smallint": "smallint",
             "integer": "integer",
             "bigint": "bigint",
+            "float": "double precision",
             "decimal": "numeric",
             "bool": "boolean",
             "json": "jsonb",
@@ -172,6 +174,12 @@ ADAPTER = DialectAdapter(
             "binary": "bytea",
             "date": "date",
             "timestamp": "timestamptz",
+            "time": "time",
+            "uuid": "uuid",
+            # (Checked against the declared set by the codec: a CHECK would
+            # need altering whenever the set grows.)
+            "enum": "text",
+            "array": "{element}[]",
             "external_id": "varchar(64)",
             "reference": "bigint",
             "versionstamp": 'varchar(24) COLLATE "C"',

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import date, datetime, time
 from decimal import Decimal
+from uuid import UUID
 
 from ..brief import brief
 from ..codec import utc_instant
@@ -36,7 +37,7 @@ from ..errors import (
 )
 from ..sql import Json, SqlCompiler, unicode_text
 from ..url import DatabaseURL, Options
-from .common import SessionChanges, json_param
+from .common import SessionChanges, json_param, uuid_bytes
 
 # The SQLite library version from which RETURNING is understood.
 RETURNING_SINCE = (3, 35, 0)
@@ -65,7 +66,15 @@ _BASE = DialectAdapter(
         unique_violation=r"UNIQUE constraint failed: (?P<columns>[^\[]+?)(?: \[|$)",
     ),
     commit=CommitPlanChoice("checked-in-process"),
-    storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),
+    storage=StorageProfile(
+        decimal="text",
+        bool="int",
+        date="text",
+        timestamp="epoch-ms",
+        uuid="bytes",
+        time="text",
+        arrays=False,
+    ),
     # PRAGMA is plain only for the pragmas that read (a setting's pragma
     # with an argument sets it); ATTACH and BEGIN are not plain.
     session_changes=SessionChanges(
@@ -79,8 +88,13 @@ _BASE = DialectAdapter(
             "string": "text",
             "text": "text",
             "varchar": "varchar({n})",
+            "smallint": "integer",
             "integer": "integer",
             "bigint": "integer",
+            # Blob affinity (the name's BLOB wins over its FLOA): a double is
+            # kept as it is bound. Under REAL affinity SQLite stores a float
+            # with no fraction as an integer, and -0.0 comes back as 0.0.
+            "float": "float_blob",
             # Text keeps every digit: SQLite has no exact decimal type.
             "decimal": "text",
             "bool": "integer",
@@ -89,6 +103,11 @@ _BASE = DialectAdapter(
             "binary": "blob",
             "date": "text",
             "timestamp": "integer",
+            # "HH:MM:SS.ffffff": fixed width, so text order is time order.
+            "time": "text",
+            # 16 bytes: a third of the text, and it sorts as PostgreSQL's uuid.
+            "uuid": "blob",
+            "enum": "text",
             "external_id": "text",
             "reference": "integer",
             "versionstamp": "text",
@@ -140,6 +159,15 @@ def _real(value: float) -> float:
     return value
 
 
+def _time(value: time) -> str:
+    try:  # (an aware time's text calls its tzinfo's utcoffset())
+        return value.isoformat(timespec="microseconds")
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(
+            f"the tzinfo of {brief(value, 80)} gives no valid UTC offset: {exc}"
+        ) from None
+
+
 def create_compiler() -> SqlCompiler:
     return SqlCompiler(
         placeholder="?",
@@ -153,7 +181,9 @@ def create_compiler() -> SqlCompiler:
             Decimal: str,
             datetime: _datetime,
             date: date.isoformat,
-            time: time.isoformat,
+            # (As a time column stores them, so that a raw comparison matches.)
+            time: _time,
+            UUID: uuid_bytes,
             dict: json_param,
             Json: json_param,
         },
@@ -161,7 +191,7 @@ def create_compiler() -> SqlCompiler:
         # What sqlite3 binds, and what the encoders above turn into that.
         scalars=(
             *(type(None), bool, int, float, str, bytes, bytearray, memoryview),
-            *(Decimal, datetime, date, time, dict, Json),
+            *(Decimal, datetime, date, time, UUID, dict, Json),
         ),
     )
 

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from datetime import UTC
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..codec import ValueCodec, utc_now
+from ..codec import ValueCodec, read_back, utc_now
 from ..driver import CompiledQuery, DialectAdapter, QueryCompiler, QueryResult
 from ..settings_table import SETTINGS_TABLE
 from ..sql import Fragment, Identifier, Unbound, sql, sql_using
@@ -31,6 +29,7 @@ from ..tagged_json import dump_tagged, tag
 from .tables import OUTBOX_ID, UNIT_KEYS_ID, VERSION_KEY
 
 if TYPE_CHECKING:
+    from ..uow.catalog import ColumnInfo
     from ..uow.ops import MutationOp
 
 _RESERVE = {
@@ -335,22 +334,21 @@ def _statements(adapter: DialectAdapter, names: dict[str, Any]) -> list[Fragment
     return [reserve, insert]
 
 
-def _payload_value(kind: str, value: Any) -> Any:
+def _payload_value(info: ColumnInfo, value: Any) -> Any:
     """The value as stored, tagged for JSON (:func:`tagged_json.tag`): a
-    RowId travels as its external id, an int given for a decimal as a
-    Decimal, a naive datetime accepted as UTC as an aware one."""
+    RowId travels as its external id, other values as a read gives them
+    back (:func:`~aiofragno.codec.read_back`: an int given for a decimal as
+    a Decimal, a naive datetime accepted as UTC as an aware one, ...)."""
     exact = type(value)
-    if exact is str or (exact is int and kind != "decimal"):
+    kind = info.kind
+    if exact is str or (exact is int and kind not in _NOT_INT):
         return tag(value)
-    if isinstance(value, str):
+    if info.column is None or info.target is not None:  # (an id: a RowId or str)
         return str(value)
-    if kind == "decimal" and isinstance(value, int):
-        value = Decimal(value)
-    elif kind == "timestamp" and value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    elif kind == "binary":
-        value = bytes(value)
-    return tag(value)
+    return tag(read_back(kind, info.column.arg, value))
+
+
+_NOT_INT = frozenset({"decimal", "float"})  # (an int given is stored as another type)
 
 
 def _mutation(
@@ -385,7 +383,7 @@ def _mutation(
                 continue
             if info.target is not None:
                 ref_map[f"{index}.{column}"] = str(value)
-            stored[column] = _payload_value(info.kind, value)
+            stored[column] = _payload_value(info, value)
         entry["values" if kind == "create" else "set"] = stored
     if op.checked:
         entry["check_version"] = tag(getattr(op.target, "version", None))

@@ -118,7 +118,7 @@ class TableInfo:
                 )
                 ref_position = len(selected)
                 selected.append(f"{alias}.{quote(EXTERNAL_ID)}")
-            convert = catalog.codec.decoder(info.kind)
+            convert = catalog.codec.decoder(info.kind, info.column.arg)
             plan.append((info.name, plan_position, convert, ref_position, info.target_identity))
         source = f"{self.sql_name} {ALIAS}{''.join(joins)}"
         return ", ".join(selected), source, _decoder(plan, self.identity)
@@ -166,7 +166,7 @@ def _column_info(catalog: Catalog, column: Column) -> ColumnInfo:
             catalog.identity(column.to_table),
             not catalog.adapter.capabilities.reuses_row_ids,
         )
-    encode = catalog.codec.encoder(column.kind, column.length)
+    encode = catalog.codec.encoder(column.kind, column.arg)
     return ColumnInfo(column.name, column.kind, quoted, f"{ALIAS}.{quoted}", encode, column)
 
 

@@ -49,6 +49,8 @@ _BASE = DialectAdapter(
         supports_writable_cte=False,
         one_writer=True,
         reuses_row_ids=True,
+        # (SQLITE_MAX_VARIABLE_NUMBER since 3.32.)
+        max_parameters=32766,
     ),
     outbox_version_strategy="insert-on-conflict-returning",
     default_naming="suffix",
@@ -61,6 +63,11 @@ _BASE = DialectAdapter(
         version_hex="printf('%020x', CAST({value} AS INTEGER))",
         json_from_text="{x}",
         # (No rows_array: the driver sends a batch in one round trip.)
+        # (SUM of integers fails with "integer overflow" past 64 bits; ">>"
+        # shifts arithmetically, so the halves add up for negative values.)
+        int_sum_halves=("SUM({x} >> 32)", "SUM({x} & 4294967295)"),
+        # (-> gives the JSON text at the path: true, 1 and "1" all differ.)
+        json_path_equals="{column} -> {path} = {json}",
     ),
     commit=CommitPlanChoice("checked-in-process"),
     storage=StorageProfile(decimal="text", bool="int", date="text", timestamp="epoch-ms"),

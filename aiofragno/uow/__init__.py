@@ -2,6 +2,7 @@
 applies every write in one transaction with optimistic-concurrency checks,
 retried as a whole on conflict."""
 
+from .aggregates import Aggregate, AggregateFn, fn
 from .executor import UowHooks, execute_uow
 from .expr import Col, Expr, c
 from .ops import FindResult
@@ -9,6 +10,8 @@ from .retry import ExponentialBackoff, NoRetry, RetryPolicy
 from .unit import UnitOfWork
 
 __all__ = [
+    "Aggregate",
+    "AggregateFn",
     "Col",
     "ExponentialBackoff",
     "Expr",
@@ -19,4 +22,5 @@ __all__ = [
     "UowHooks",
     "c",
     "execute_uow",
+    "fn",
 ]

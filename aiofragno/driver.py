@@ -271,6 +271,11 @@ class SqlSnippets:
     # and of its low 32 bits (the total is high * 2**32 + low), where SUM
     # would fail past 64 bits (SQLite). None: SUM({x}) is exact (a numeric).
     int_sum_halves: tuple[str, str] | None = None
+    # An exact aggregate of a decimal column stored as text
+    # (StorageProfile.decimal "text"; {function}: sum, min or max; {x}: the
+    # column), giving the value as text. None: such decimals are not
+    # aggregated.
+    text_decimal_aggregate: str | None = None
     # A condition: the JSON value at path {path} (a bound JSON path text,
     # '$."key"[0]') of json column {column} is the JSON value {json} (bound
     # compact JSON text of a str, int or bool): equal by type and value.

@@ -5,7 +5,9 @@ Results are exact and the same on every backend: a count is an int; a sum
 of integers an int (never a float or a Decimal, and never an overflow: on
 SQLite it is summed as two 32-bit halves); a sum of decimals a Decimal;
 min and max a value of the column's type, decoded as in a row; an average
-a Decimal, computed from the exact sum and count. Over no rows (or only
+a Decimal, computed from the exact sum and count. (Decimals stored as text,
+on SQLite, are aggregated by functions the dialect provides:
+:mod:`aiofragno.backends.sqlite_functions`.) Over no rows (or only
 NULLs) every aggregate but count is None. Groups come back ordered by
 their values as Python orders them (None last), not by a collation.
 """
@@ -81,10 +83,6 @@ fn = _Functions()
 _Finish = Callable[[Sequence[Any]], Any]
 
 
-def _int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
 def _plan(table: TableInfo, catalog: Catalog, agg: AggregateFn) -> tuple[list[str], _Finish]:
     """The select expressions of ``agg`` on ``table`` and its finisher;
     a ValidationError for a column it cannot aggregate exactly."""
@@ -95,15 +93,34 @@ def _plan(table: TableInfo, catalog: Catalog, agg: AggregateFn) -> tuple[list[st
     if agg.function == "count":
         return [f"COUNT({x})"], lambda v: int(v[0])
     _check_kind(table, info, agg.function)
+    parts = _expressions(table, catalog, info, "sum" if agg.function == "avg" else agg.function)
     if agg.function in ("min", "max"):
         decode = catalog.codec.decoder(info.kind)
         if decode is None:
-            return [f"{agg.function.upper()}({x})"], lambda v: v[0]
-        return [f"{agg.function.upper()}({x})"], lambda v: None if v[0] is None else decode(v[0])
-    sums, total = _sum(catalog, info)
+            return parts, lambda v: v[0]
+        return parts, lambda v: None if v[0] is None else decode(v[0])
+    total = _decimal_total if info.kind == "decimal" else _int_total
     if agg.function == "sum":
-        return sums, total
-    return [*sums, f"COUNT({x})"], lambda v: _avg(total(v[:-1]), v[-1])
+        return parts, total
+    return [*parts, f"COUNT({x})"], lambda v: _avg(total(v[:-1]), v[-1])
+
+
+def _expressions(table: TableInfo, catalog: Catalog, info: ColumnInfo, function: str) -> list[str]:
+    """The select expressions of ``function`` (sum, min or max) of a column:
+    one, or an integer sum's two halves where SUM would overflow."""
+    x = info.qualified
+    sql = catalog.adapter.sql
+    if info.kind == "decimal" and table.decimal_as_text:
+        if sql.text_decimal_aggregate is None:
+            raise ValidationError(
+                f"{table.name}.{info.name}: decimals are stored as text on this database, "
+                f"which cannot {function} them exactly; find() the rows and aggregate the "
+                "Decimal values in Python"
+            )
+        return [sql.text_decimal_aggregate.format(function=function, x=x)]
+    if function == "sum" and info.kind != "decimal" and sql.int_sum_halves is not None:
+        return [half.format(x=x) for half in sql.int_sum_halves]
+    return [f"{function.upper()}({x})"]
 
 
 def _check_kind(table: TableInfo, info: ColumnInfo, function: str) -> None:
@@ -113,27 +130,20 @@ def _check_kind(table: TableInfo, info: ColumnInfo, function: str) -> None:
             f"{table.name}.{info.name} is a {info.kind} column: af.fn.{function}() takes a "
             f"column of ordered {what}, not {info.kind}"
         )
-    if info.kind == "decimal" and table.decimal_as_text:
-        raise ValidationError(
-            f"{table.name}.{info.name}: decimals are stored as text on this database, which "
-            f"cannot {function} them exactly in SQL; find() the rows and aggregate the "
-            "Decimal values in Python"
-        )
 
 
-def _sum(catalog: Catalog, info: ColumnInfo) -> tuple[list[str], _Finish]:
-    x = info.qualified
-    if info.kind == "decimal":
-        return [f"SUM({x})"], lambda v: None if v[0] is None else Decimal(v[0])
-    halves = catalog.adapter.sql.int_sum_halves
-    if halves is None:
-        return [f"SUM({x})"], lambda v: _int(v[0])
-    return [half.format(x=x) for half in halves], _join_halves
-
-
-def _join_halves(values: Sequence[Any]) -> int | None:
+def _int_total(values: Sequence[Any]) -> int | None:
+    """An integer sum from its one value, or its two halves (see _sum)."""
+    if values[0] is None:
+        return None
+    if len(values) == 1:
+        return int(values[0])
     high, low = values
-    return None if high is None else int(high) * 2**32 + int(low)
+    return int(high) * 2**32 + int(low)
+
+
+def _decimal_total(values: Sequence[Any]) -> Decimal | None:
+    return None if values[0] is None else Decimal(values[0])
 
 
 def _avg(total: Any, count: Any) -> Decimal | None:

@@ -41,22 +41,14 @@ async def ledger(make_env: MakeEnv) -> Env:
     return await make_env(LEDGER)
 
 
-def _decimals_native(env: Env) -> bool:
-    return not env.catalog.table("entries").decimal_as_text
-
-
 async def _seed(env: Env) -> tuple[af.RowId, af.RowId]:
     ann, bob = await env.create("owners", {"name": "ann"}, {"name": "bob"})
-    decimals = _decimals_native(env)
     rows: list[dict[str, Any]] = [
         {"owner": ann, "kind": "a", "qty": 1, "big": 2**62, "day": dt.date(2024, 1, 2)},
         {"owner": ann, "kind": "a", "qty": 2, "big": 2**62, "at": T0},
         {"owner": bob, "kind": "b", "qty": 4, "big": -5, "day": dt.date(2023, 12, 31)},
         {"owner": bob, "kind": None, "qty": None, "big": 7, "at": T0 + dt.timedelta(days=1)},
     ]
-    if decimals:
-        for row, amount in zip(rows, ["0.1", "0.2", "10.05", None], strict=True):
-            row["amount"] = None if amount is None else Decimal(amount)
     await env.create("entries", *rows)
     return ann, bob
 
@@ -148,26 +140,40 @@ async def test_group_by(ledger: Env) -> None:
 
 
 async def test_decimal_aggregates(ledger: Env) -> None:
-    await _seed(ledger)
+    """Exact past a float's and a default decimal context's digits, on every
+    backend (SQLite's, stored as text, through aiofragno's own functions)."""
+    ann, bob = await _seed(ledger)
+    big = Decimal("12345678901234567890123456.123456789")
+    await ledger.create(
+        "entries",
+        *({"owner": ann, "kind": "d", "amount": a} for a in (big, Decimal("0.000000001"))),
+        {"owner": bob, "kind": "d", "amount": Decimal("-9.5")},
+        {"owner": bob, "kind": "d", "amount": Decimal("10")},  # (text order: "10" < "9.5")
+    )
 
     async def unit(uow: af.UnitOfWork) -> Any:
-        op = uow.aggregate(
-            "entries",
-            {"s": af.fn.sum("amount"), "a": af.fn.avg("amount"), "lo": af.fn.min("amount")},
-        )
+        aggregates = {
+            "s": af.fn.sum("amount"),
+            "a": af.fn.avg("amount"),
+            "lo": af.fn.min("amount"),
+            "hi": af.fn.max("amount"),
+        }
+        one = uow.aggregate("entries", aggregates, {"kind": "d"})
+        small = uow.aggregate("entries", aggregates, af.c.owner == bob)
+        none = uow.aggregate("entries", aggregates, {"kind": "zzz"})
         await uow.retrieve()
-        return op.result
+        return one.result, small.result, none.result
 
-    if not _decimals_native(ledger):
-        # SQLite keeps decimals as text: no exact SQL aggregate of them.
-        with pytest.raises(
-            af.ValidationError, match=r"entries\.amount: decimals are stored as text"
-        ):
-            await ledger.run(unit)
-        return
-    result = await ledger.run(unit)
-    assert result == {"s": Decimal("10.35"), "a": Decimal("3.45"), "lo": Decimal("0.1")}
-    assert all(type(v) is Decimal for v in result.values())
+    one, small, none = await ledger.run(unit)
+    assert one == {
+        "s": Decimal("12345678901234567890123456.623456790"),
+        "a": Decimal("3086419725308641972530864.156"),  # (28 significant digits)
+        "lo": Decimal("-9.5"),
+        "hi": big,
+    }
+    assert small == {"s": Decimal("0.5"), "a": Decimal("0.25"), "lo": Decimal("-9.5"), "hi": 10}
+    assert all(type(v) is Decimal for v in (*one.values(), *small.values()))
+    assert none == dict.fromkeys(("s", "a", "lo", "hi"))
 
 
 REFUSED: list[tuple[Any, str]] = [

@@ -15,9 +15,8 @@ their values as Python orders them (None last), not by a collation.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Context, Decimal
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 from ..brief import brief
 from ..driver import CompiledQuery
@@ -26,7 +25,7 @@ from ..schema import EXTERNAL_ID, INTERNAL_ID, RowId
 from .catalog import Catalog, ColumnInfo, TableInfo
 from .compiling import Compiling
 from .expr import Expr, where_expr
-from .ops import RetrievalOp, compile_cached
+from .ops import ResultT, RetrievalOp, compile_cached
 
 # An average: the sum over the count, to 28 significant digits (Python's
 # default precision), whatever the caller's decimal context says.
@@ -34,12 +33,13 @@ AVG_CONTEXT = Context(prec=28, rounding=ROUND_HALF_EVEN)
 
 _NUMBERS = frozenset({"integer", "bigint", "decimal"})
 _ORDERED = _NUMBERS | {"string", "text", "varchar", "date", "timestamp"}
+_FUNCTIONS = frozenset({"count", "sum", "avg", "min", "max"})
 _KINDS = {"sum": _NUMBERS, "avg": _NUMBERS, "min": _ORDERED, "max": _ORDERED}
 
 
-@dataclass(frozen=True, slots=True)
-class AggregateFn:
-    """One aggregate asked for: made by ``af.fn.count()``, ``af.fn.sum(column)``, ..."""
+class AggregateFn(NamedTuple):
+    """One aggregate asked for: made by ``af.fn.count()``, ``af.fn.sum(column)``, ...
+    (A tuple: it keys the caches of plans and SQL text, and a tuple hashes fast.)"""
 
     function: str  # count, sum, avg, min, max
     column: str | None  # None: count(*)
@@ -152,10 +152,53 @@ def _avg(total: Any, count: Any) -> Decimal | None:
     return AVG_CONTEXT.divide(Decimal(total), Decimal(int(count)))
 
 
-class Aggregate(RetrievalOp[Any]):
-    """``uow.aggregate(...)``: ``result`` is a dict of the aggregates, or, with
-    ``group_by``, a list of such dicts, one per group, each with its group's
-    values."""
+class _Plan:
+    """What an aggregate's statement selects, from where, and how its rows
+    become the result: built once per table and shape (names, aggregates,
+    group_by), its columns checked then."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        table: TableInfo,
+        names: tuple[str, ...],
+        aggregates: tuple[AggregateFn, ...],
+        group_by: tuple[str, ...],
+    ) -> None:
+        quote = catalog.compiler.quote_identifier
+        columns: list[str] = []
+        joins: list[str] = []
+        # Per group column: name, position, decoder, position of a reference's external id.
+        self.groups: list[tuple[str, int, Callable[[Any], Any] | None, int | None, Any]] = []
+        for name in group_by:
+            info = table.columns[name]
+            position, ref_position = len(columns), None
+            columns.append(info.qualified)
+            if info.target is not None:
+                alias = f"r{len(joins) + 1}"
+                joins.append(
+                    f" LEFT JOIN {catalog.sql_name(info.target)} {alias} "
+                    f"ON {alias}.{quote(INTERNAL_ID)} = {info.qualified}"
+                )
+                ref_position = len(columns)
+                columns.append(f"{alias}.{quote(EXTERNAL_ID)}")
+            decode = None if name == EXTERNAL_ID else catalog.codec.decoder(info.kind)
+            self.groups.append((name, position, decode, ref_position, info.target_identity))
+        self.group_columns = ", ".join(columns)
+        self.finishers: list[tuple[str, slice, _Finish]] = []
+        for alias, agg in zip(names, aggregates, strict=True):
+            parts, finish = _plan(table, catalog, agg)
+            self.finishers.append((alias, slice(len(columns), len(columns) + len(parts)), finish))
+            columns.extend(parts)
+        self.select_columns = ", ".join(columns)
+        self.select_from = f"{table.sql_name} t{''.join(joins)}"
+
+
+class Aggregate(RetrievalOp[ResultT]):
+    """``uow.aggregate(...)``: ``result`` is a dict of the aggregates
+    (``Aggregate[dict[str, Any]]``), or, with ``group_by``, a list of such
+    dicts, one per group, each with its group's values
+    (``Aggregate[list[dict[str, Any]]]``)."""
 
     def __init__(
         self,
@@ -178,38 +221,21 @@ class Aggregate(RetrievalOp[Any]):
         self.aggregates = tuple(aggregates.values())
         self._check_names()
         self.where = where_expr(where)
-        quote = catalog.compiler.quote_identifier
-        columns: list[str] = []
-        joins: list[str] = []
-        self._groups: list[tuple[str, int, Callable[[Any], Any] | None, int | None, Any]] = []
-        for name in self.group_by:
-            info = table.columns[name]
-            position, ref_position = len(columns), None
-            columns.append(info.qualified)
-            if info.target is not None:
-                alias = f"r{len(joins) + 1}"
-                joins.append(
-                    f" LEFT JOIN {catalog.sql_name(info.target)} {alias} "
-                    f"ON {alias}.{quote(INTERNAL_ID)} = {info.qualified}"
-                )
-                ref_position = len(columns)
-                columns.append(f"{alias}.{quote(EXTERNAL_ID)}")
-            decode = None if name == EXTERNAL_ID else catalog.codec.decoder(info.kind)
-            self._groups.append((name, position, decode, ref_position, info.target_identity))
-        self._group_columns = ", ".join(columns)
-        self._finishers: list[tuple[str, slice, _Finish]] = []
-        for alias, agg in zip(self.names, self.aggregates, strict=True):
-            parts, finish = _plan(table, catalog, agg)
-            self._finishers.append((alias, slice(len(columns), len(columns) + len(parts)), finish))
-            columns.extend(parts)
-        self.select_columns = ", ".join(columns)
-        self.select_from = f"{table.sql_name} t{''.join(joins)}"
+        key = ("aggregate", self.names, self.aggregates, self.group_by)
+        plan = table.plans.get(key)
+        if plan is None:
+            plan = table.plans[key] = _Plan(
+                catalog, table, self.names, self.aggregates, self.group_by
+            )
+        self._plan = plan
+        self.select_columns = plan.select_columns
+        self.select_from = plan.select_from
 
     def _check_names(self) -> None:
         for name, agg in zip(self.names, self.aggregates, strict=True):
             if not isinstance(name, str):
                 raise ValidationError(f"aggregate names are str, got {brief(name)}")
-            if not isinstance(agg, AggregateFn):
+            if not isinstance(agg, AggregateFn) or agg.function not in _FUNCTIONS:
                 raise ValidationError(
                     f"aggregate {name!r} is {brief(agg)}: use af.fn.count(), af.fn.sum(column), "
                     "af.fn.avg(column), af.fn.min(column) or af.fn.max(column)"
@@ -229,8 +255,8 @@ class Aggregate(RetrievalOp[Any]):
         if self.where is not None:
             ctx.text(" WHERE ")
             self.where.render(ctx)
-        if self._group_columns:
-            ctx.text(f" GROUP BY {self._group_columns}")
+        if self._plan.group_columns:
+            ctx.text(f" GROUP BY {self._plan.group_columns}")
 
     def compile(self, catalog: Catalog) -> CompiledQuery:
         shape = (
@@ -243,17 +269,17 @@ class Aggregate(RetrievalOp[Any]):
 
     def accept(self, rows: Sequence[Sequence[Any]]) -> None:
         if not self.group_by:
-            self._result = self._values(rows[0])
+            self._result = cast(ResultT, self._values(rows[0]))
             return
         groups = [{**self._group(row), **self._values(row)} for row in rows]
         # (Python's order of the decoded values, not the database's
         # collation: the same on every backend.)
         groups.sort(key=lambda g: [(g[n] is None, g[n]) for n in self.group_by])
-        self._result = groups
+        self._result = cast(ResultT, groups)
 
     def _group(self, row: Sequence[Any]) -> dict[str, Any]:
         values: dict[str, Any] = {}
-        for name, position, decode, ref_position, target in self._groups:
+        for name, position, decode, ref_position, target in self._plan.groups:
             value = row[position]
             if value is None:
                 values[name] = None
@@ -264,16 +290,19 @@ class Aggregate(RetrievalOp[Any]):
         return values
 
     def _values(self, row: Sequence[Any]) -> dict[str, Any]:
-        return {alias: finish(row[where]) for alias, where, finish in self._finishers}
+        return {alias: finish(row[where]) for alias, where, finish in self._plan.finishers}
 
     def empty(self) -> None:
         if self.group_by:
-            self._result = []
+            self._result = cast(ResultT, [])
         else:
-            self._result = {
-                name: 0 if agg.function == "count" else None
-                for name, agg in zip(self.names, self.aggregates, strict=True)
-            }
+            self._result = cast(
+                ResultT,
+                {
+                    name: 0 if agg.function == "count" else None
+                    for name, agg in zip(self.names, self.aggregates, strict=True)
+                },
+            )
 
 
 def _group_by(table: TableInfo, group_by: Any) -> tuple[str, ...]:

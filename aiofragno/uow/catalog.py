@@ -72,6 +72,8 @@ class TableInfo:
         self.decimal_as_text = catalog.codec.storage.decimal == "text"
         self._catalog = catalog
         self._selections: dict[tuple[str, ...], Selection] = {}
+        # What operations build once per shape on this table (aggregate plans).
+        self.plans: dict[Any, Any] = {}
         self.select_columns, self.select_from, self.decode = self._build_select(catalog, None)
 
     def column(self, name: str) -> ColumnInfo:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from ..driver import CompiledQuery, QueryResult
 from ..errors import ValidationError
@@ -85,6 +85,26 @@ class UnitOfWork:
         """How many rows match ``where``."""
         return self._queue(Count(self._catalog.table(table), where))
 
+    @overload
+    def aggregate(
+        self,
+        table: str,
+        aggregates: Mapping[str, AggregateFn],
+        where: Where = None,
+        *,
+        group_by: None = None,
+    ) -> Aggregate[dict[str, Any]]: ...
+
+    @overload
+    def aggregate(
+        self,
+        table: str,
+        aggregates: Mapping[str, AggregateFn],
+        where: Where = None,
+        *,
+        group_by: str | Sequence[str],
+    ) -> Aggregate[list[dict[str, Any]]]: ...
+
     def aggregate(
         self,
         table: str,
@@ -92,14 +112,15 @@ class UnitOfWork:
         where: Where = None,
         *,
         group_by: str | Sequence[str] | None = None,
-    ) -> Aggregate:
+    ) -> Aggregate[Any]:
         """``aggregates`` (name -> ``af.fn.count()``, ``af.fn.sum(column)``,
         ``.avg``, ``.min``, ``.max``) over the rows matching ``where``: a dict
         of name -> value; with ``group_by`` (a column or a list), a list of
         such dicts, one per group, each also holding its group's values,
         ordered by them (None last). Exact types: see :mod:`.aggregates`."""
         catalog = self._catalog
-        return self._queue(Aggregate(catalog, catalog.table(table), aggregates, where, group_by))
+        op: Aggregate[Any] = Aggregate(catalog, catalog.table(table), aggregates, where, group_by)
+        return self._queue(op)
 
     async def retrieve(self) -> None:
         """Run the reads queued so far and fill their ``.result`` (no reads, no

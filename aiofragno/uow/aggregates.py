@@ -182,7 +182,7 @@ class _Plan:
                 )
                 ref_position = len(columns)
                 columns.append(f"{alias}.{quote(EXTERNAL_ID)}")
-            decode = None if name == EXTERNAL_ID else catalog.codec.decoder(info.kind)
+            decode = catalog.codec.decoder(info.kind)
             self.groups.append((name, position, decode, ref_position, info.target_identity))
         self.group_columns = ", ".join(columns)
         self.finishers: list[tuple[str, slice, _Finish]] = []

@@ -119,10 +119,16 @@ async def test_group_by(ledger: Env) -> None:
         )
         none = uow.aggregate("entries", {"n": af.fn.count()}, {"kind": "zzz"}, group_by="kind")
         distinct = uow.aggregate("entries", {}, group_by=["kind"])
+        by_day = uow.aggregate("entries", {"n": af.fn.count()}, group_by="day")
         await uow.retrieve()
-        return by_kind.result, by_owner.result, none.result, distinct.result
+        return by_kind.result, by_owner.result, none.result, distinct.result, by_day.result
 
-    by_kind, by_owner, none, distinct = await ledger.run(unit)
+    by_kind, by_owner, none, distinct, by_day = await ledger.run(unit)
+    assert by_day == [  # (group values decoded as in rows: dates, on SQLite's text too)
+        {"day": dt.date(2023, 12, 31), "n": 1},
+        {"day": dt.date(2024, 1, 2), "n": 1},
+        {"day": None, "n": 2},
+    ]
     assert by_kind == [
         {"kind": "a", "n": 2, "qty": 3},
         {"kind": "b", "n": 1, "qty": 4},

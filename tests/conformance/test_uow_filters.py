@@ -107,7 +107,7 @@ DOCUMENTS: dict[str, Any] = {
     "str1": {"k": "1", "a.b": "dot", "it's": "quote", "n": {"k2": "deep"}, "arr": [10, "x"]},
     "int1": {"k": 1, "arr": [1]},
     "true": {"k": True, "x') OR 1=1 --": 5},
-    "upper": {"k": "A", "": "empty key"},
+    "upper": {"k": "A", "": "empty key", "*": "star", "[0]": "brackets", "$": "dollar"},
     "null": None,
     "array": [1, 2],
     "huge": {"k": 2**70, "u": 'é\n"q"'},
@@ -130,6 +130,9 @@ async def test_json_path_equality(docs: Env) -> None:
         (meta["it's"] == "quote", ["str1"]),
         (meta["x') OR 1=1 --"] == 5, ["true"]),
         (meta[""] == "empty key", ["upper"]),
+        (meta["*"] == "star", ["upper"]),  # path syntax in a key is just characters
+        (meta["[0]"] == "brackets", ["upper"]),
+        (meta["$"] == "dollar", ["upper"]),
         (meta["n"]["k2"] == "deep", ["str1"]),
         (meta["arr"][0] == 10, ["str1"]),
         (meta["arr"][1] == "x", ["str1"]),

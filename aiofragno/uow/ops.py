@@ -248,7 +248,8 @@ class ReadRows(RetrievalOp[ResultT]):
         if limit is not None:
             _check_pageable(table, self.order)
         self.limit = 1 if first else limit
-        self.select, self.hidden = _selected(table, select, self.order)
+        # (Order columns left out of select are read only for a page's cursor.)
+        self.select, self.hidden = _selected(table, select, self.order if limit else ())
         if self.select is None:
             self.select_columns, self.select_from = table.select_columns, table.select_from
             self.decode = table.decode
@@ -409,9 +410,9 @@ class FindFirst(ReadRows[dict[str, Any] | None]):
 def _selected(
     table: TableInfo, select: Any, order: tuple[tuple[str, bool], ...]
 ) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
-    """The columns ``select`` asks for (None: all), and the order columns
-    it leaves out, which are read for a page's cursor and then dropped. The
-    id, with the row's version, is always read."""
+    """The columns ``select`` asks for (None: all), and the columns of
+    ``order`` it leaves out, which are read for a page's cursor and then
+    dropped. The id, with the row's version, is always read."""
     if select is None:
         return None, ()
     if isinstance(select, str) or not isinstance(select, list | tuple):

@@ -24,10 +24,12 @@ async def test_select_reads_only_the_asked_columns(shop: Env) -> None:
         first = uow.find_first("accounts", {"owner": "bob"}, select=("balance",))
         src = uow.find_first("transfers", select=["src"])
         everything = uow.find("accounts", af.c.owner == "carol")
+        last = uow.find_first("accounts", order_by=("owner", "desc"), select=["balance"])
         await uow.retrieve()
-        return owners.result, first.result, src.result, everything.result
+        return owners.result, first.result, src.result, everything.result, last.result
 
-    owners, first, src, everything = await shop.run(unit, on_query=statements.append)
+    owners, first, src, everything, last = await shop.run(unit, on_query=statements.append)
+    assert last == {"id": ids["carol"], "balance": 100}  # (ordered by a column not read)
     assert owners == [{"id": ids[o], "owner": o} for o in ("alice", "bob", "carol")]
     assert [type(r["id"]) for r in owners] == [af.RowId] * 3
     assert first == {"id": ids["bob"], "balance": 100}
@@ -37,6 +39,7 @@ async def test_select_reads_only_the_asked_columns(shop: Env) -> None:
     # (The balance is not read for the owners, the owner not for the balance.)
     assert "balance" not in selected[0] and "note" not in selected[0]
     assert "owner" not in selected[1] and "balance" in selected[1]
+    assert "owner" not in selected[4]
 
     async def pay(uow: af.UnitOfWork) -> None:
         bob = uow.find_first("accounts", {"owner": "bob"}, select=["balance"])

@@ -281,6 +281,8 @@ class SqlSnippets:
     # compact JSON text of a str, int or bool): equal by type and value.
     # None: no JSON path conditions.
     json_path_equals: str | None = None
+    # Text {x} in lower case, for every cased letter of Unicode.
+    lower: str = "LOWER({x})"
     # Ending a server session whose connection broke (see
     # :attr:`Connection.server_session`). ``session_process`` takes
     # ``{session}`` and returns one row, column ``process``, while that

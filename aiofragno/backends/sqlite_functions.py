@@ -1,6 +1,7 @@
 """SQL functions aiofragno adds to each SQLite connection: exact aggregates
 of decimals, which SQLite stores as text — its own SUM would add them as
-floats, and its MIN and MAX would compare them as text ("9" > "10")."""
+floats, and its MIN and MAX would compare them as text ("9" > "10") — and a
+lower case of all of Unicode (SQLite's LOWER folds ASCII letters only)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,10 @@ class _DecimalMax(_DecimalMin):
         return number > best
 
 
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
 def add_functions(raw: sqlite3.Connection) -> None:
     """Register the functions on ``raw`` (run on its thread)."""
     # (typeshed's protocol has an aggregate take and give ints only.)
@@ -67,3 +72,4 @@ def add_functions(raw: sqlite3.Connection) -> None:
     }
     for name, aggregate in aggregates.items():
         raw.create_aggregate(name, 1, aggregate)
+    raw.create_function("aiofragno_lower", 1, _lower, deterministic=True)

@@ -66,8 +66,10 @@ _BASE = DialectAdapter(
         # (SUM of integers fails with "integer overflow" past 64 bits; ">>"
         # shifts arithmetically, so the halves add up for negative values.)
         int_sum_halves=("SUM({x} >> 32)", "SUM({x} & 4294967295)"),
-        # (Registered on each connection: aiofragno.backends.sqlite_functions.)
+        # (These two registered on each connection: aiofragno.backends.sqlite_functions.)
         text_decimal_aggregate="aiofragno_decimal_{function}({x})",
+        # (SQLite's LOWER folds ASCII only; this is Python's str.lower.)
+        lower="aiofragno_lower({x})",
         # (-> gives the JSON text at the path: true, 1 and "1" all differ.)
         json_path_equals="{column} -> {path} = {json}",
     ),

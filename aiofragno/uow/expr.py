@@ -116,9 +116,9 @@ class Col:
         return _StartsWith(self.name, prefix, False)
 
     def istarts_with(self, prefix: str) -> Expr:
-        """Begins with ``prefix``, ignoring case as the database's LOWER()
-        does: ASCII letters everywhere; beyond ASCII, Unicode case mapping on
-        PostgreSQL (under a UTF-8 LC_CTYPE) and MariaDB/MySQL, none on SQLite."""
+        """Begins with ``prefix``, ignoring case: both lowered (Unicode case
+        mapping: the database's LOWER(), on PostgreSQL under its LC_CTYPE;
+        Python's str.lower on SQLite, whose own folds ASCII only)."""
         if not isinstance(prefix, str):
             raise ValidationError(
                 f"{self.name}.istarts_with() takes a str, got {type(prefix).__name__}"
@@ -212,9 +212,11 @@ class _StartsWith(Expr):
             ctx.raw_value(_like_prefix(self.prefix))
         else:  # (both sides lowered by the same function; ! % _ have no case)
             ctx.check_text_column(self.column, "istarts_with")
-            ctx.text(f"LOWER({ctx.column(self.column)}) LIKE LOWER(")
+            lower = ctx.catalog.adapter.sql.lower
+            before, after = lower.split("{x}")
+            ctx.text(f"{lower.format(x=ctx.column(self.column))} LIKE {before}")
             ctx.raw_value(_like_prefix(self.prefix))
-            ctx.text(")")
+            ctx.text(after)
         ctx.text(" ESCAPE '!'")
 
 

@@ -65,6 +65,7 @@ from .uow import (
     UowHooks,
     Upserted,
     c,
+    fn,
 )
 from .url import ConnectOptions
 
@@ -142,6 +143,7 @@ __all__ = [
     "c",
     "connect",
     "enum",
+    "fn",
     "sql",
     "varchar",
 ]

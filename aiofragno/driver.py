@@ -268,6 +268,8 @@ class Capabilities:
     # rowid without AUTOINCREMENT): an internal id read before cannot name the
     # same row for sure, so references are looked up by external id.
     reuses_row_ids: bool = False
+    # The most parameters one statement may bind.
+    max_parameters: int = 32766
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +293,22 @@ class SqlSnippets:
     # {rest}: the read after "SELECT <columns> FROM "). None: reads go as a
     # batch.
     rows_array: str | None = None
+    # The exact sum of an integer column ({x}) as two SQL sums, of its high
+    # and of its low 32 bits (the total is high * 2**32 + low), where SUM
+    # would fail past 64 bits (SQLite). None: SUM({x}) is exact (a numeric).
+    int_sum_halves: tuple[str, str] | None = None
+    # An exact aggregate of a decimal column stored as text
+    # (StorageProfile.decimal "text"; {function}: sum, min or max; {x}: the
+    # column), giving the value as text. None: such decimals are not
+    # aggregated.
+    text_decimal_aggregate: str | None = None
+    # A condition: the JSON value at path {path} (a bound JSON path text,
+    # '$."key"[0]') of json column {column} is the JSON value {json} (bound
+    # compact JSON text of a str, int or bool): equal by type and value.
+    # None: no JSON path conditions.
+    json_path_equals: str | None = None
+    # Text {x} in lower case, for every cased letter of Unicode.
+    lower: str = "LOWER({x})"
     # Ending a server session whose connection broke (see
     # :attr:`Connection.server_session`). ``session_process`` takes
     # ``{session}`` and returns one row, column ``process``, while that

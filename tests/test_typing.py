@@ -78,6 +78,18 @@ async def transfer(uow: af.UnitOfWork) -> af.RowId:
     return uow.create("transfers", {"src": acc_a["id"], "dst": acc_b["id"], "n": n.result + 1})
 
 
+async def aggregates(uow: af.UnitOfWork) -> None:
+    total = uow.aggregate("accounts", {"n": af.fn.count(), "sum": af.fn.sum("balance")})
+    per = uow.aggregate("transfers", {"sent": af.fn.sum("amount")}, group_by=["src"])
+    names = uow.find("accounts", where=af.c.owner.istarts_with("a"), select=["owner"])
+    meta = uow.find_first("accounts", where=af.c.meta["k"][0] == 1, select=("owner",))
+    await uow.retrieve()
+    assert_type(total.result, dict[str, Any])
+    assert_type(per.result, list[dict[str, Any]])
+    assert_type(names.result, af.FindResult)
+    assert_type(meta.result, dict[str, Any] | None)
+
+
 async def relaying(db: af.Database) -> None:
     sink: af.BrokerSink = af.NatsSink("nats://127.0.0.1:4222", subject="shop", max_in_flight=64)
     assert_type(await db.outbox.relay(sink, until_caught_up=True), int)
@@ -130,6 +142,9 @@ async def reads(uow: af.UnitOfWork) -> None:
     await uow.retrieve()
     first.result["id"]  # E: "dict[str, Any] | None" is not indexable
     n.result + "1"  # E: Unsupported operand types for + ("int" and "str")
+    uow.aggregate("accounts", {"n": "count"})  # E: expected "str": "AggregateFn"
+    uow.aggregate("accounts", {"n": af.fn.count()}, group_by="owner").result["n"]  # E: No overload variant of "__getitem__"
+    af.fn.sum()  # E: Missing positional argument "column"
 
 
 async def relaying(db: af.Database) -> None:

@@ -46,6 +46,7 @@ from ..errors import (
 from ..pool import PooledDialect
 from ..slots import Slots
 from ..url import DatabaseURL, Options
+from .sqlite_functions import add_functions
 
 ERRORS = ErrorTable(
     codes=sqlite.CODES,
@@ -253,6 +254,7 @@ class SqliteConnection(ABC):
         self._settings = [CompiledQuery(s) for s in sqlite.pragmas(url, options)]
         self._memory = url.is_memory
         try:
+            await self._call(add_functions)
             await self._call(partial(run_batch, queries=self._settings))
         except BaseException:
             with runtime.shielded():

@@ -65,6 +65,9 @@ ADAPTER = DialectAdapter(
         supports_transactional_ddl=False,
         supports_skip_locked=True,
         supports_writable_cte=False,
+        # (A prepared statement's limit; the driver binds client-side, but a
+        # list that works here should work on the server's own protocol.)
+        max_parameters=65535,
     ),
     outbox_version_strategy="insert-on-duplicate-last-insert-id",
     default_naming="suffix",
@@ -76,6 +79,10 @@ ADAPTER = DialectAdapter(
         version_hex="LPAD(LOWER(HEX(CAST({value} AS UNSIGNED))), 20, '0')",
         json_from_text="{x}",
         # (No rows_array: the driver sends a batch in one round trip.)
+        # (MariaDB's JSON is text and JSON_EXTRACT gives the value's text
+        # from the document, which aiofragno wrote compact: compared as
+        # bytes, true, 1 and "1" all differ, and so do "a" and "A".)
+        json_path_equals="CAST(JSON_EXTRACT({column}, {path}) AS BINARY) = CAST({json} AS BINARY)",
         # A session is named by a user-level lock it takes at connect
         # (SESSION_LOCK_SQL) and holds until it ends: connection ids are reused
         # after a server restart.

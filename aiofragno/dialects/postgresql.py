@@ -114,6 +114,8 @@ ADAPTER = DialectAdapter(
         supports_transactional_ddl=True,
         supports_skip_locked=True,
         supports_writable_cte=True,
+        # (The wire protocol counts a statement's parameters in 16 bits.)
+        max_parameters=32767,
     ),
     outbox_version_strategy="insert-on-conflict-returning",
     default_naming="schema",
@@ -126,6 +128,11 @@ ADAPTER = DialectAdapter(
         json_from_text="CAST({x} AS json)",
         # (An array constructor keeps its subquery's ORDER BY order.)
         rows_array="ARRAY(SELECT ROW({columns}) FROM {rest})",
+        # (strict: a key on an array is no match, not each element's key;
+        # silent: a missing key is NULL, not an error. jsonb compares by
+        # type and value.)
+        json_path_equals="jsonb_path_query_first({column}, CAST('strict ' || {path} AS "
+        "jsonpath), '{{}}', TRUE) = CAST({json} AS jsonb)",
         session_process=f"SELECT pid AS process FROM pg_stat_activity WHERE {SESSION} = {{session}}",
         end_process="SELECT pg_terminate_backend({process})",
         # (The settings table holds the counter row; this mode lets readers and

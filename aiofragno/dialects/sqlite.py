@@ -50,6 +50,8 @@ _BASE = DialectAdapter(
         supports_writable_cte=False,
         one_writer=True,
         reuses_row_ids=True,
+        # (SQLITE_MAX_VARIABLE_NUMBER since 3.32.)
+        max_parameters=32766,
     ),
     outbox_version_strategy="insert-on-conflict-returning",
     default_naming="suffix",
@@ -64,6 +66,15 @@ _BASE = DialectAdapter(
         # (No rows_array: the driver sends a batch in one round trip.)
         # "UNIQUE constraint failed: table.a, table.b": columns, not the index.
         unique_violation=r"UNIQUE constraint failed: (?P<columns>[^\[]+?)(?: \[|$)",
+        # (SUM of integers fails with "integer overflow" past 64 bits; ">>"
+        # shifts arithmetically, so the halves add up for negative values.)
+        int_sum_halves=("SUM({x} >> 32)", "SUM({x} & 4294967295)"),
+        # (These two registered on each connection: aiofragno.backends.sqlite_functions.)
+        text_decimal_aggregate="aiofragno_decimal_{function}({x})",
+        # (SQLite's LOWER folds ASCII only; this is Python's str.lower.)
+        lower="aiofragno_lower({x})",
+        # (-> gives the JSON text at the path: true, 1 and "1" all differ.)
+        json_path_equals="{column} -> {path} = {json}",
     ),
     commit=CommitPlanChoice("checked-in-process"),
     storage=StorageProfile(

@@ -2,6 +2,7 @@
 applies every write in one transaction with optimistic-concurrency checks,
 retried as a whole on conflict."""
 
+from .aggregates import Aggregate, AggregateFn, fn
 from .executor import UowHooks, execute_uow
 from .expr import Col, Expr, c
 from .ops import FindResult
@@ -10,6 +11,8 @@ from .unit import UnitOfWork
 from .upsert import Upserted
 
 __all__ = [
+    "Aggregate",
+    "AggregateFn",
     "Col",
     "ExponentialBackoff",
     "Expr",
@@ -21,4 +24,5 @@ __all__ = [
     "Upserted",
     "c",
     "execute_uow",
+    "fn",
 ]

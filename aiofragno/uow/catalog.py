@@ -70,7 +70,11 @@ class TableInfo:
         for column in self.table.columns.values():
             self.columns[column.name] = _column_info(catalog, column)
         self.decimal_as_text = catalog.codec.storage.decimal == "text"
-        self.select_columns, self.select_from, self.decode = self._build_select(catalog)
+        self._catalog = catalog
+        self._selections: dict[tuple[str, ...], Selection] = {}
+        # What operations build once per shape on this table (aggregate plans).
+        self.plans: dict[Any, Any] = {}
+        self.select_columns, self.select_from, self.decode = self._build_select(catalog, None)
 
     def column(self, name: str) -> ColumnInfo:
         info = self.columns.get(name)
@@ -95,17 +99,29 @@ class TableInfo:
                 "cannot be ordered or compared with < > (equality works)"
             )
 
+    def selection(self, names: tuple[str, ...]) -> Selection:
+        """What reads ``names`` (columns of the table, checked) besides the id
+        and version: the select list, the table and joins, the decoder (built
+        once per tuple of names)."""
+        selection = self._selections.get(names)
+        if selection is None:
+            for name in names:
+                self.column(name)
+            selection = Selection(*self._build_select(self._catalog, frozenset(names)))
+            self._selections[names] = selection
+        return selection
+
     def _build_select(
-        self, catalog: Catalog
+        self, catalog: Catalog, names: frozenset[str] | None
     ) -> tuple[str, str, Callable[[Sequence[Any]], dict[str, Any]]]:
-        """The select list of a whole row, the table and joins it selects
-        from, and the row's decoder."""
+        """The select list of a row (``names``: of those columns only, else
+        of all), the table and joins it selects from, and the row's decoder."""
         quote = catalog.compiler.quote_identifier
         selected = [self.internal_id, f"{ALIAS}.{quote(EXTERNAL_ID)}", f"{ALIAS}.{quote(VERSION)}"]
         joins: list[str] = []
         plan: list[_Plan] = []
         for info in self.columns.values():
-            if info.column is None:
+            if info.column is None or (names is not None and info.name not in names):
                 continue
             plan_position = len(selected)
             selected.append(info.qualified)
@@ -122,6 +138,15 @@ class TableInfo:
             plan.append((info.name, plan_position, convert, ref_position, info.target_identity))
         source = f"{self.sql_name} {ALIAS}{''.join(joins)}"
         return ", ".join(selected), source, _decoder(plan, self.identity)
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """A row read with some of its columns (see :meth:`TableInfo.selection`)."""
+
+    select_columns: str
+    select_from: str
+    decode: Callable[[Sequence[Any]], dict[str, Any]]
 
 
 def _decoder(

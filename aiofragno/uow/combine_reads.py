@@ -16,6 +16,7 @@ from typing import Any
 
 from ..driver import CompiledQuery, QueryResult
 from ..sqltext import SqlText
+from .aggregates import Aggregate
 from .catalog import Catalog
 from .ops import Count, ReadRows, RetrievalOp, statement_text
 
@@ -30,6 +31,8 @@ def combine_reads(
     if template is None or len(ops) < 2:
         return None
     texts, parameters = zip(*queries, strict=True)  # (each a (sql, parameters) tuple)
+    if sum(map(len, parameters)) > catalog.adapter.capabilities.max_parameters:
+        return None  # (too many for one statement: each read goes on its own)
     key = ("reads", *texts)
     text = catalog.sql_cache.get(key)
     if text is None:
@@ -43,9 +46,9 @@ def _combined(catalog: Catalog, template: str, ops: Sequence[RetrievalOp[object]
     (rendered again for it, on this cache miss only)."""
     columns: list[SqlText] = []
     for index, op in enumerate(ops):
-        if isinstance(op, ReadRows):  # its rows as one value
+        if isinstance(op, ReadRows | Aggregate):  # its rows as one value
             rest = statement_text(catalog, op.table, op.render_from)
-            read = SqlText.fill(template, columns=op.table.select_columns, rest=rest)
+            read = SqlText.fill(template, columns=op.select_columns, rest=rest)
         else:  # a count
             read = "(" + statement_text(catalog, op.table, op.render) + ")"
         columns.append(read + f" AS r{index}")

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..brief import brief
 from ..errors import ValidationError
 from .compiling import Compiling
+
+if TYPE_CHECKING:
+    from .json_path import JsonPath
 
 
 class Expr(ABC):
@@ -81,11 +84,26 @@ class Col:
         return self._compare(">=", value)
 
     __hash__ = None  # type: ignore[assignment]
+    # (Not iterable: with __getitem__, iter() would count up indexes forever.)
+    __iter__ = None
 
     def in_(self, values: Iterable[Any]) -> Expr:
+        """The column is one of ``values`` (none: no row matches)."""
         if isinstance(values, str | bytes):
             raise ValidationError(f"{self.name}.in_() takes a collection of values, not a string")
         return _In(self.name, tuple(values))
+
+    def not_in_(self, values: Iterable[Any]) -> Expr:
+        """``~column.in_(values)``: the column is none of ``values``. A NULL
+        column matches neither (SQL's NOT IN), except with no values, where
+        every row matches."""
+        return ~self.in_(values)
+
+    def __getitem__(self, key: str | int) -> JsonPath:
+        """The value at ``key`` (or array index) inside this json column."""
+        from .json_path import JsonPath  # (json_path builds on this module)
+
+        return JsonPath(self.name, ())[key]
 
     def is_null(self) -> Expr:
         return _IsNull(self.name)
@@ -95,7 +113,17 @@ class Col:
             raise ValidationError(
                 f"{self.name}.starts_with() takes a str, got {type(prefix).__name__}"
             )
-        return _StartsWith(self.name, prefix)
+        return _StartsWith(self.name, prefix, False)
+
+    def istarts_with(self, prefix: str) -> Expr:
+        """Begins with ``prefix``, ignoring case: both lowered (Unicode case
+        mapping: the database's LOWER(), on PostgreSQL under its LC_CTYPE;
+        Python's str.lower on SQLite, whose own folds ASCII only)."""
+        if not isinstance(prefix, str):
+            raise ValidationError(
+                f"{self.name}.istarts_with() takes a str, got {type(prefix).__name__}"
+            )
+        return _StartsWith(self.name, prefix, True)
 
 
 class _Columns:
@@ -169,18 +197,26 @@ def _like_prefix(prefix: str) -> str:
 
 
 class _StartsWith(Expr):
-    __slots__ = ("column", "prefix")
+    __slots__ = ("column", "fold", "prefix")
 
-    def __init__(self, column: str, prefix: str) -> None:
-        self.column, self.prefix = column, prefix
+    def __init__(self, column: str, prefix: str, fold: bool) -> None:
+        self.column, self.prefix, self.fold = column, prefix, fold
 
     def shape(self) -> Any:
-        return ("prefix", self.column)
+        return ("prefix", self.column, self.fold)
 
     def render(self, ctx: Compiling) -> None:
-        ctx.check_text_column(self.column, "starts_with")
-        ctx.text(f"{ctx.column(self.column)} LIKE ")
-        ctx.raw_value(_like_prefix(self.prefix))
+        if not self.fold:
+            ctx.check_text_column(self.column, "starts_with")
+            ctx.text(f"{ctx.column(self.column)} LIKE ")
+            ctx.raw_value(_like_prefix(self.prefix))
+        else:  # (both sides lowered by the same function; ! % _ have no case)
+            ctx.check_text_column(self.column, "istarts_with")
+            lower = ctx.catalog.adapter.sql.lower
+            before, after = lower.split("{x}")
+            ctx.text(f"{lower.format(x=ctx.column(self.column))} LIKE {before}")
+            ctx.raw_value(_like_prefix(self.prefix))
+            ctx.text(after)
         ctx.text(" ESCAPE '!'")
 
 

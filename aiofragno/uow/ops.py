@@ -226,6 +226,7 @@ class ReadRows(RetrievalOp[ResultT]):
         after: str | None,
         *,
         first: bool = False,
+        select: Any = None,
     ) -> None:
         super().__init__(table)
         if limit is not None and (
@@ -247,6 +248,15 @@ class ReadRows(RetrievalOp[ResultT]):
         if limit is not None:
             _check_pageable(table, self.order)
         self.limit = 1 if first else limit
+        # (Order columns left out of select are read only for a page's cursor.)
+        self.select, self.hidden = _selected(table, select, self.order if limit else ())
+        if self.select is None:
+            self.select_columns, self.select_from = table.select_columns, table.select_from
+            self.decode = table.decode
+        else:
+            selection = table.selection((*self.select, *self.hidden))
+            self.select_columns, self.select_from = selection.select_columns, selection.select_from
+            self.decode = selection.decode
         self.after = (
             None
             if after is None
@@ -266,18 +276,19 @@ class ReadRows(RetrievalOp[ResultT]):
             self.order,
             self.limit is not None,
             self.after is not None,
+            self.select,
         )
 
     def render(self, ctx: Compiling) -> None:
         if ctx.build_text:  # (the walk for parameters alone skips building text)
-            ctx.text(f"SELECT {self.table.select_columns} FROM ")
+            ctx.text(f"SELECT {self.select_columns} FROM ")
         self.render_from(ctx)
 
     def render_from(self, ctx: Compiling) -> None:
         """The read after ``SELECT <select_columns> FROM``: the table and its
         joins, the conditions, the order and the limit."""
         table = self.table
-        ctx.text(table.select_from)
+        ctx.text(self.select_from)
         where = self.where if self.equal is None else where_expr(self.equal)
         conditions = [c for c in (where, self.after) if c is not None]
         for i, condition in enumerate(conditions):
@@ -346,6 +357,7 @@ class ReadRows(RetrievalOp[ResultT]):
             tuple(variant),
             self.order,
             self.limit is not None,
+            self.select,
         )
         return CompiledQuery(cached_text(catalog, table, key, self.render), tuple(params))
 
@@ -354,10 +366,13 @@ class Find(ReadRows[FindResult]):
     """``uow.find(...)``: ``result`` is the page of rows."""
 
     def accept(self, rows: Sequence[Sequence[Any]]) -> None:
-        page = FindResult(map(self.table.decode, rows))
+        page = FindResult(map(self.decode, rows))
         if self.limit is not None and len(page) > self.limit:
             del page[self.limit :]
             page.cursor = self._cursor_after(page[-1])
+        for name in self.hidden:  # (read for the cursor only)
+            for row in page:
+                del row[name]
         self._result = page
 
     def empty(self) -> None:
@@ -377,15 +392,40 @@ class FindFirst(ReadRows[dict[str, Any] | None]):
     """``uow.find_first(...)``: ``result`` is the first row, or None."""
 
     def __init__(
-        self, table: TableInfo, where: Expr | Mapping[str, Any] | None, order_by: Any
+        self,
+        table: TableInfo,
+        where: Expr | Mapping[str, Any] | None,
+        order_by: Any,
+        select: Any = None,
     ) -> None:
-        super().__init__(table, where, order_by, None, None, first=True)
+        super().__init__(table, where, order_by, None, None, first=True, select=select)
 
     def accept(self, rows: Sequence[Sequence[Any]]) -> None:
-        self._result = self.table.decode(rows[0]) if rows else None
+        self._result = self.decode(rows[0]) if rows else None
 
     def empty(self) -> None:
         self._result = None
+
+
+def _selected(
+    table: TableInfo, select: Any, order: tuple[tuple[str, bool], ...]
+) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+    """The columns ``select`` asks for (None: all), and the columns of
+    ``order`` it leaves out, which are read for a page's cursor and then
+    dropped. The id, with the row's version, is always read."""
+    if select is None:
+        return None, ()
+    if isinstance(select, str) or not isinstance(select, list | tuple):
+        raise ValidationError(
+            f"select takes a list of column names, got {type(select).__name__} {brief(select)}"
+        )
+    names: list[str] = []
+    for name in select:
+        table.column(name)  # (raises for what is no column, naming the columns)
+        if name != EXTERNAL_ID and name not in names:
+            names.append(name)
+    hidden = tuple(name for name, _ in order if name not in names)
+    return tuple(names), hidden
 
 
 def _decode_cursor(cursor: Any, key: str, width: int) -> list[Any]:

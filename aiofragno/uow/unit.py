@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import EllipsisType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from ..driver import CompiledQuery, QueryResult
 from ..errors import ValidationError
 from ..schema import RowId
+from .aggregates import Aggregate, AggregateFn
 from .catalog import Catalog
 from .combine_reads import combine_reads, split_reads
 from .expr import Expr
@@ -62,20 +63,70 @@ class UnitOfWork:
         order_by: Any = None,
         limit: int | None = None,
         after: str | None = None,
+        *,
+        select: Sequence[str] | None = None,
     ) -> Find:
         """Rows of ``table`` matching ``where``, in ``order_by`` order (a column,
         ``(column, "asc"|"desc")``, or a list of those; ties broken by creation
         order). With ``limit``, ``result.cursor`` continues after the page. Order
-        columns that may be NULL give no cursor."""
-        return self._queue(Find(self._catalog.table(table), where, order_by, limit, after))
+        columns that may be NULL give no cursor. With ``select``, each row has
+        only those columns and ``id`` (a RowId with its version), and only
+        they are read and decoded."""
+        return self._queue(
+            Find(self._catalog.table(table), where, order_by, limit, after, select=select)
+        )
 
-    def find_first(self, table: str, where: Where = None, order_by: Any = None) -> FindFirst:
-        """The first matching row, or None."""
-        return self._queue(FindFirst(self._catalog.table(table), where, order_by))
+    def find_first(
+        self,
+        table: str,
+        where: Where = None,
+        order_by: Any = None,
+        *,
+        select: Sequence[str] | None = None,
+    ) -> FindFirst:
+        """The first matching row, or None (``select``: as for :meth:`find`)."""
+        return self._queue(FindFirst(self._catalog.table(table), where, order_by, select))
 
     def count(self, table: str, where: Where = None) -> Count:
         """How many rows match ``where``."""
         return self._queue(Count(self._catalog.table(table), where))
+
+    @overload
+    def aggregate(
+        self,
+        table: str,
+        aggregates: Mapping[str, AggregateFn],
+        where: Where = None,
+        *,
+        group_by: None = None,
+    ) -> Aggregate[dict[str, Any]]: ...
+
+    @overload
+    def aggregate(
+        self,
+        table: str,
+        aggregates: Mapping[str, AggregateFn],
+        where: Where = None,
+        *,
+        group_by: str | Sequence[str],
+    ) -> Aggregate[list[dict[str, Any]]]: ...
+
+    def aggregate(
+        self,
+        table: str,
+        aggregates: Mapping[str, AggregateFn],
+        where: Where = None,
+        *,
+        group_by: str | Sequence[str] | None = None,
+    ) -> Aggregate[Any]:
+        """``aggregates`` (name -> ``af.fn.count()``, ``af.fn.sum(column)``,
+        ``.avg``, ``.min``, ``.max``) over the rows matching ``where``: a dict
+        of name -> value; with ``group_by`` (a column or a list), a list of
+        such dicts, one per group, each also holding its group's values,
+        ordered by them (None last). Exact types: see :mod:`.aggregates`."""
+        catalog = self._catalog
+        op: Aggregate[Any] = Aggregate(catalog, catalog.table(table), aggregates, where, group_by)
+        return self._queue(op)
 
     async def retrieve(self) -> None:
         """Run the reads queued so far and fill their ``.result`` (no reads, no
@@ -84,6 +135,7 @@ class UnitOfWork:
         if not reads:
             return
         queries = [op.compile(self._catalog) for op in reads]
+        self._check_sizes(reads, queries)
         if self._on_query is not None:
             for query in queries:
                 self._on_query(query)
@@ -98,6 +150,20 @@ class UnitOfWork:
             rows = split_reads(reads, (await self._reader([combined]))[0])
         for op, values in zip(reads, rows, strict=True):
             op.accept(values)
+
+    def _check_sizes(
+        self, reads: Sequence[RetrievalOp[object]], queries: Sequence[CompiledQuery]
+    ) -> None:
+        """Refuse a read binding more parameters than one statement can (a
+        long ``in_`` list, say) before anything runs."""
+        limit = self._catalog.adapter.capabilities.max_parameters
+        for op, query in zip(reads, queries, strict=True):
+            if len(query.parameters) > limit:
+                raise ValidationError(
+                    f"a {type(op).__name__} on {op.table.name!r} binds {len(query.parameters)} "
+                    f"values, more than one statement takes on this database ({limit}): split "
+                    "the in_() list into several reads"
+                )
 
     # -- mutations ---------------------------------------------------------
 

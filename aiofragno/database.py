@@ -31,6 +31,7 @@ from .queries import Queries
 from .schema import Schema, TableIdentity, _check_name
 from .server_sessions import end_server_session_reconnecting
 from .sql import Fragment
+from .streaming import Stream
 from .transaction import TransactionContext
 from .uow import execute_uow
 from .uow.catalog import Catalog
@@ -287,6 +288,9 @@ class Database(Queries):
     def _run(self, query: Fragment) -> Coroutine[Any, Any, QueryResult]:
         # The engine's coroutine itself: no coroutine of our own per statement.
         return self._engine._run(query)
+
+    def _stream(self, query: Fragment, batch_size: int) -> Stream:
+        return self._engine._stream(query, batch_size)
 
     async def open(self) -> None:
         """Open the first connection, so a bad URL or a dead server fails now."""

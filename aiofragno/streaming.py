@@ -70,13 +70,17 @@ class Rows:
     """The rows of an open stream: ``async for row in rows``, or a batch at
     a time with :meth:`next_batch`. Only the current batch is held."""
 
-    __slots__ = ("_batch", "_done", "_fetch", "_position", "closed")
+    __slots__ = ("_batch", "_batch_size", "_done", "_fetch", "_position", "closed")
 
-    def __init__(self, first: list[Row], fetch: Callable[[], Awaitable[list[Row]]]) -> None:
+    def __init__(
+        self, first: list[Row], batch_size: int, fetch: Callable[[], Awaitable[list[Row]]]
+    ) -> None:
         self._batch = first
+        self._batch_size = batch_size
         self._position = 0
         self._fetch = fetch
-        self._done = not first
+        # (A batch short of batch_size is the last: no round trip to learn it.)
+        self._done = len(first) < batch_size
         self.closed = False
 
     def __aiter__(self) -> Rows:
@@ -110,7 +114,7 @@ class Rows:
             return []
         self._batch = []  # (the last batch can go before the next arrives)
         batch = await self._fetch()
-        self._done = not batch
+        self._done = len(batch) < self._batch_size
         self._batch, self._position = batch, len(batch)
         return batch
 
@@ -149,7 +153,7 @@ class Stream(ABC):
             session.connection.stream(self._query, self._batch_size)
         )
         first = await session._call(stream.fetch())
-        self._rows = Rows(first, self._fetch)
+        self._rows = Rows(first, self._batch_size, self._fetch)
         return self._rows
 
     async def _fetch(self) -> list[Row]:

@@ -54,6 +54,7 @@ from .outbox import (
 from .schema import Column, Index, Reference, RowId, Schema, Table, varchar
 from .sql import Fragment, Identifier, Json, sql
 from .stats import Stats
+from .streaming import Rows
 from .transaction import Transaction
 from .uow import ExponentialBackoff, FindResult, NoRetry, RetryPolicy, UnitOfWork, UowHooks, c
 from .url import ConnectOptions
@@ -109,6 +110,7 @@ __all__ = [
     "Row",
     "RowId",
     "RowNotFound",
+    "Rows",
     "Schema",
     "SchemaError",
     "SerializationFailure",

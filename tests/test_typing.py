@@ -43,6 +43,9 @@ async def raw_sql(db: af.Database) -> None:
         assert_type(rows, af.Rows)
         async for row in rows:
             assert_type(row, af.Row)
+    shop = af.Schema("shop", af.Table("accounts", af.Column("owner", "string")))
+    async for found in db.stream_find("accounts", order_by="owner", schema=shop):
+        assert_type(found, dict[str, Any])
         await tx.execute(af.sql("UPDATE t SET a = {a}", a=1) + af.sql(" WHERE b = {b}", b=2))
     n = await db.fetch_value(q, int)
     print(n + 1)

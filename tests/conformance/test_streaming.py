@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tracemalloc
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -15,6 +16,7 @@ import pytest
 import aiofragno as af
 from tests.conformance.conftest import Tables, Target
 from tests.conformance.test_raw_sql import SLOW_QUERY, make_table
+from tests.conformance.uow_env import Env
 
 pytestmark = pytest.mark.anyio
 
@@ -264,3 +266,33 @@ async def test_a_streamed_write_commits_and_frees_the_writer(
     async with db.transaction() as tx:  # (the writer is free again)
         await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (0)", t=table))
     assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table), int) == 51
+
+
+async def test_stream_find_pages_through_a_table_decoded(shop: Env) -> None:
+    """``db.stream_find``: every row ``find`` returns, in order, decoded
+    through the schema, a page (a unit's read) at a time; a page ending on a
+    NULL order value cannot be continued from, and says so."""
+
+    async def create(uow: af.UnitOfWork) -> None:
+        for i in range(25):
+            note = None if i % 10 == 9 else f"n{i:02}"
+            uow.create("accounts", {"owner": f"o{i:02}", "balance": i, "note": note})
+
+    await shop.run(create)
+    db = shop.db
+
+    def find(**options: Any) -> AsyncIterator[dict[str, Any]]:
+        return db.stream_find("accounts", schema=shop.schema, namespace=shop.namespace, **options)
+
+    rows = [
+        row async for row in find(where=af.c.balance >= 3, order_by=("owner", "desc"), page_size=4)
+    ]
+    assert [row["owner"] for row in rows] == [f"o{i:02}" for i in range(24, 2, -1)]
+    assert isinstance(rows[0]["id"], af.RowId) and rows[0]["balance"] == 24
+    async for row in find(page_size=7):  # leaving early leaves nothing open
+        if row["balance"] == 10:
+            break
+    assert pool_in_use(db) == 0
+    with pytest.raises(af.ValidationError, match="NULL"):
+        async for _row in find(order_by="note", page_size=2):  # (NULLs first or last)
+            pass

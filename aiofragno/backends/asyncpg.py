@@ -251,8 +251,11 @@ class AsyncpgConnection:
 
 
 class AsyncpgStream:
-    """A portal read in batches. It lives until its transaction ends, which
-    the caller ends after closing it; nothing else has to be read or sent."""
+    """A portal read in batches, in the caller's transaction; other
+    statements may run beside it. Closing it closes the portal through
+    asyncpg's Cursor internals (``_portal_name``, ``_close_portal``: the
+    Cursor has no public close), else it would stay open, read to its end or
+    not, until the transaction ends."""
 
     __slots__ = ("_batch", "_cursor", "_timeout")
 
@@ -265,9 +268,8 @@ class AsyncpgStream:
         return _result(await self._cursor.fetch(self._batch, timeout=self._timeout), 0).rows
 
     async def close(self, *, drain: bool) -> bool:
-        # The portal would otherwise stay open, read to its end or not, until
-        # the transaction ends — in the caller's transaction, keeping the
-        # tables it reads "in use" (asyncpg's Cursor has no public close).
+        # (An open portal keeps the tables it reads "in use": DROP TABLE,
+        # say, fails in the rest of the transaction.)
         cursor = self._cursor
         if cursor._portal_name and not self._closed_connection():
             await cursor._close_portal(self._timeout)

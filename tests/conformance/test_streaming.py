@@ -80,6 +80,7 @@ async def test_streamed_rows_are_fetchs_rows_in_order(db: af.Database) -> None:
     query = numbered(db, 2503)
     expected = [tuple(row.values()) for row in await db.fetch(query)]
     async with db.stream(query, batch_size=100) as rows:
+        assert pool_in_use(db) == 1  # (held from the block's start to its end)
         got = [tuple(row.values()) async for row in rows]
     assert got == expected and len(got) == 2503
     assert got[0] == (1, "row-1", None)

@@ -55,6 +55,7 @@ from .outbox import (
 from .schema import Column, Index, Reference, RowId, Schema, Table, array, enum, varchar
 from .sql import Fragment, Identifier, Json, sql
 from .stats import Stats
+from .streaming import Rows
 from .transaction import Transaction
 from .uow import (
     ExponentialBackoff,
@@ -121,6 +122,7 @@ __all__ = [
     "Row",
     "RowId",
     "RowNotFound",
+    "Rows",
     "Schema",
     "SchemaError",
     "SerializationFailure",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
@@ -31,12 +32,14 @@ from .queries import Queries
 from .schema import Schema, TableIdentity, _check_name
 from .server_sessions import end_server_session_reconnecting
 from .sql import Fragment
+from .streaming import DEFAULT_BATCH_SIZE, Stream, check_batch_size
 from .transaction import TransactionContext
 from .uow import execute_uow
 from .uow.catalog import Catalog
 from .uow.executor import UowHooks
+from .uow.ops import FindResult
 from .uow.retry import RetryPolicy
-from .uow.unit import UnitOfWork
+from .uow.unit import UnitOfWork, Where
 from .url import ConnectOptions, DatabaseURL, Options, parse_url
 
 T = TypeVar("T")
@@ -184,6 +187,45 @@ class Database(Queries):
             outbox=outbox,
         )
 
+    async def stream_find(
+        self,
+        table: str,
+        where: Where = None,
+        order_by: Any = None,
+        *,
+        schema: Schema,
+        namespace: str | None = None,
+        page_size: int = DEFAULT_BATCH_SIZE,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """``async for row in db.stream_find("orders", where=..., order_by=...,
+        schema=shop)``: every row ``uow.find`` would return, decoded through
+        the schema, read ``page_size`` at a time — each page a unit of work's
+        read of its own (keyset-paged: ``find(limit=, after=)``), so no
+        connection or transaction is held between pages, and leaving the loop
+        at any point leaves nothing open. Pages are not one snapshot: a row
+        written meanwhile is seen in the state its page reads. An order
+        column that is NULL at a page's end cannot be continued from:
+        :class:`ValidationError` (order by columns that are never NULL)."""
+        check_batch_size(page_size)
+        after: str | None = None
+        while True:
+            page = await self.execute_uow(
+                functools.partial(_find_page, table, where, order_by, page_size, after),
+                schema=schema,
+                namespace=namespace,
+            )
+            for row in page:
+                yield row
+            if page.cursor is None:
+                if len(page) == page_size and _null_order_value(page[-1], order_by):
+                    raise ValidationError(
+                        f"stream_find on {table!r} cannot go past a row whose order_by column is "
+                        "NULL (a keyset has no place for NULL); order by columns that are "
+                        "never NULL"
+                    )
+                return
+            after = page.cursor
+
     async def migrate(
         self,
         schema: Schema,
@@ -288,9 +330,27 @@ class Database(Queries):
         # The engine's coroutine itself: no coroutine of our own per statement.
         return self._engine._run(query)
 
+    def _stream(self, query: Fragment, batch_size: int) -> Stream:
+        return self._engine._stream(query, batch_size)
+
     async def open(self) -> None:
         """Open the first connection, so a bad URL or a dead server fails now."""
         await self._engine.open()
+
+
+async def _find_page(
+    table: str, where: Where, order_by: Any, limit: int, after: str | None, uow: UnitOfWork
+) -> FindResult:
+    rows = uow.find(table, where, order_by, limit, after)
+    await uow.retrieve()
+    return rows.result
+
+
+def _null_order_value(row: dict[str, Any], order_by: Any) -> bool:
+    """Whether ``row`` is NULL in one of ``order_by``'s columns."""
+    items = order_by if isinstance(order_by, list) else [] if order_by is None else [order_by]
+    names = [item[0] if isinstance(item, tuple) else item for item in items]
+    return any(row.get(name) is None for name in names)
 
 
 class Connect:

@@ -270,6 +270,10 @@ class Capabilities:
     reuses_row_ids: bool = False
     # The most parameters one statement may bind.
     max_parameters: int = 32766
+    # A streamed result (:meth:`Connection.stream`) is read only inside a
+    # transaction (PostgreSQL: a portal ends with its transaction), so a
+    # stream outside the caller's transaction opens one of its own.
+    streams_in_transaction: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,6 +519,28 @@ class StaleGuard:
 StopWhen = Callable[[int, QueryResult], bool]
 
 
+class RowStream(Protocol):
+    """A statement's result read in batches (:meth:`Connection.stream`): at
+    most one batch of rows is held in memory at a time. Used by one task; its
+    connection runs nothing else until it is closed."""
+
+    async def fetch(self) -> list[Row]:
+        """The next rows, at most the batch size; ``[]`` once every row was
+        read. A statement that fails part-way raises here (its driver
+        exception, as :meth:`Connection.execute_query` does)."""
+        ...
+
+    async def close(self, *, drain: bool) -> bool:
+        """Stop reading and free what the result holds (a cursor, the write
+        gate). True when the connection can run statements again. A result
+        not read to its end may leave the connection unusable until it has
+        been read (MySQL's unbuffered results): with ``drain`` the rest is
+        read and thrown away first; without, False tells the caller to
+        discard the connection. Called once, also after ``fetch`` raised or
+        was cancelled."""
+        ...
+
+
 class Connection(Protocol):
     """One open connection to the database, used by one task at a time.
 
@@ -561,6 +587,16 @@ class Connection(Protocol):
         fails before the stop point raises its driver exception; the ones
         after it did not run.
         """
+        ...
+
+    async def stream(self, query: CompiledQuery, batch_size: int) -> RowStream:
+        """Start ``query`` and return its result, to be read in batches of at
+        most ``batch_size`` rows without the rest being held in memory
+        (server-side portal, unbuffered result, stepping a cursor). An error
+        the statement raises before its first row may be raised here or by
+        the first :meth:`RowStream.fetch`. Where the adapter's
+        ``streams_in_transaction`` says so, the caller has begun a
+        transaction first."""
         ...
 
     async def begin(self, isolation: IsolationLevel | None) -> None:

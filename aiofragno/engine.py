@@ -45,6 +45,7 @@ from .resilience import Deadline, retry_read, shared_deadline
 from .session import Session
 from .sql import Fragment
 from .stats import Stats
+from .streaming import EngineStream, Stream
 from .transaction import TransactionContext, current_transaction
 from .uow.plans import CommitPlan
 from .uow.plans import choose as choose_plan
@@ -198,6 +199,12 @@ class Engine(Queries):
                 self.options.reconnect_deadline, functools.partial(self._execute, compiled)
             )
         return await self._execute(compiled)
+
+    def _stream(self, query: Fragment, batch_size: int) -> Stream:
+        tx = current_transaction(self)
+        if tx is not None:
+            return tx._stream(query, batch_size)
+        return EngineStream(self, self.compiler.compile(query), batch_size)
 
     async def _execute(self, compiled: CompiledQuery) -> QueryResult:
         """``compiled`` on a connection of its own, outside any transaction.

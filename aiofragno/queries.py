@@ -9,6 +9,7 @@ from typing import TypeVar, overload
 from .driver import QueryResult, Row
 from .errors import UnexpectedType
 from .sql import Fragment
+from .streaming import DEFAULT_BATCH_SIZE, Stream, check_batch_size
 
 T = TypeVar("T")
 
@@ -22,6 +23,19 @@ class Queries(ABC):
     @abstractmethod
     async def _run(self, query: Fragment) -> QueryResult:
         """Run one ``af.sql`` query where this object runs queries."""
+
+    @abstractmethod
+    def _stream(self, query: Fragment, batch_size: int) -> Stream:
+        """A stream of ``query``'s rows where this object runs queries."""
+
+    def stream(self, query: Fragment, *, batch_size: int = DEFAULT_BATCH_SIZE) -> Stream:
+        """``async with db.stream(query) as rows: async for row in rows: ...`` —
+        the rows of ``query`` (an ``af.sql`` fragment) read ``batch_size`` at a
+        time, so that memory holds one batch however many there are. The
+        block holds one connection until it is left (by the end of the
+        rows, ``break``, an exception or a cancellation), which gives it back
+        usable or discards it. See :mod:`aiofragno.streaming`."""
+        return self._stream(query, check_batch_size(batch_size))
 
     async def execute(self, query: Fragment) -> QueryResult:
         """Run ``query`` (an ``af.sql`` fragment) and return its

@@ -12,10 +12,11 @@ from typing import Any, Protocol
 
 from . import runtime
 from .driver import CompiledQuery, DialectAdapter, IsolationLevel, QueryResult
-from .errors import Error, TransactionClosed
+from .errors import Error, ProgrammingError, TransactionClosed
 from .queries import Queries
 from .session import Session
 from .sql import Fragment
+from .streaming import TransactionStream
 
 logger = logging.getLogger("aiofragno")
 
@@ -50,6 +51,7 @@ class Transaction(Queries):
         self.session = session
         self.outer = outer  # the enclosing transaction in this context, of any Database
         self.ended = False
+        self.stream_open = False  # (a stream holds the connection: see check_usable)
         # (A free lock is taken without a trip through the event loop; a
         # pending cancellation is still raised before the statement is sent.)
         self._lock = runtime.Lock(fast_acquire=True)
@@ -57,15 +59,31 @@ class Transaction(Queries):
     async def _run(self, query: Fragment) -> QueryResult:
         compiled = self.db.compile(query)
         async with self._lock:
-            if self.ended:
-                raise TransactionClosed(
-                    "this transaction has ended (committed or rolled back), and its connection "
-                    "went back to the pool; run the query on the Database, or in a new "
-                    "db.transaction()"
-                )
+            self.check_usable()
             if self.db.adapter.session_changes(compiled.sql):
                 self.session.dirty = True  # reset when the transaction ends
             return await self.session.execute(compiled)
+
+    def _stream(self, query: Fragment, batch_size: int) -> TransactionStream:
+        return TransactionStream(self, self.db.compile(query), batch_size)
+
+    def check_usable(self) -> None:
+        """Raise unless a statement may run in this transaction now:
+        :class:`TransactionClosed` once it has ended, :class:`ProgrammingError`
+        while a stream is open on it (its connection is reading that result)."""
+        if self.ended:
+            raise TransactionClosed(
+                "this transaction has ended (committed or rolled back), and its connection "
+                "went back to the pool; run the query on the Database, or in a new "
+                "db.transaction()"
+            )
+        if self.stream_open:
+            raise ProgrammingError(
+                "a stream is open on this transaction, and its connection runs nothing else "
+                "until the stream's `async with` block is left; keep what you need from the "
+                "rows and run the statements after it (or stream on db, outside the "
+                "transaction, and write in the transaction)"
+            )
 
     async def _finish(self, end: Callable[[], Awaitable[Any]]) -> None:
         """``end`` (COMMIT or ROLLBACK) once the statement another task may be

@@ -38,6 +38,15 @@ async def raw_sql(db: af.Database) -> None:
     assert_type(await db.execute(q), af.QueryResult)
     async with db.transaction() as tx:
         assert_type(await tx.fetch_value(q, str), str)
+        async with tx.stream(q) as in_tx:
+            assert_type(await in_tx.next_batch(), list[af.Row])
+    async with db.stream(q, batch_size=500) as rows:
+        assert_type(rows, af.Rows)
+        async for row in rows:
+            assert_type(row, af.Row)
+    shop = af.Schema("shop", af.Table("accounts", af.Column("owner", "string")))
+    async for found in db.stream_find("accounts", order_by="owner", schema=shop):
+        assert_type(found, dict[str, Any])
         await tx.execute(af.sql("UPDATE t SET a = {a}", a=1) + af.sql(" WHERE b = {b}", b=2))
     n = await db.fetch_value(q, int)
     print(n + 1)
@@ -120,6 +129,7 @@ async def raw_sql(db: af.Database, tx: af.Transaction) -> None:
     await db.fetch("SELECT 1")  # E: "str"; expected "Fragment"
     await db.execute(123)  # E: "int"; expected "Fragment"
     await db.fetch_one("SELECT 1")  # E: expected "Fragment"
+    db.stream("SELECT 1")  # E: expected "Fragment"
     await db.fetch_value("SELECT 1")  # E: No overload variant of "fetch_value" of "Queries"
     await tx.execute("DELETE FROM t")  # E: expected "Fragment"
     print((await db.fetch_value(af.sql("SELECT 1"))) + 1)  # E: "object" and "int"

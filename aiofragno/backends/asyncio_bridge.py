@@ -53,6 +53,8 @@ from ..driver import (
     Listens,
     QueryCompiler,
     QueryResult,
+    Row,
+    RowStream,
     StopWhen,
 )
 from ..errors import ConnectionLost, DatabaseClosed
@@ -342,6 +344,10 @@ class BridgedConnection:
     ) -> list[QueryResult]:
         return await self._after_begin(partial(self.raw.commit_batch, queries, stop))
 
+    async def stream(self, query: CompiledQuery, batch_size: int) -> BridgedStream:
+        raw = await self._after_begin(partial(self.raw.stream, query, batch_size))
+        return BridgedStream(self._bridge, raw)
+
     async def _after_begin(self, call: Factory[T]) -> T:
         """``call`` on the loop, after the deferred ``begin`` if one is pending:
         one crossing for both."""
@@ -390,6 +396,23 @@ class BridgedConnection:
         if not self._closed:
             self._closed = True
             await self._bridge.close_connection(self.raw)
+
+
+class BridgedStream:
+    """A driver's :class:`~aiofragno.driver.RowStream` on the loop thread: a
+    hop each way per batch."""
+
+    __slots__ = ("_bridge", "raw")
+
+    def __init__(self, bridge: AsyncioLoopThread, raw: RowStream) -> None:
+        self._bridge = bridge
+        self.raw = raw
+
+    async def fetch(self) -> list[Row]:
+        return await self._bridge.run(self.raw.fetch)
+
+    async def close(self, *, drain: bool) -> bool:
+        return await self._bridge.run(partial(self.raw.close, drain=drain))
 
 
 class BridgedDriver(PooledDriver):

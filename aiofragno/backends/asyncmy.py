@@ -24,6 +24,7 @@ from asyncmy.connection import Connection as RawConnection
 from asyncmy.constants import CLIENT, FIELD_TYPE
 from asyncmy.constants.SERVER_STATUS import SERVER_STATUS_AUTOCOMMIT, SERVER_STATUS_IN_TRANS
 from asyncmy.converters import escape_date, escape_datetime, escape_time, escape_timedelta
+from asyncmy.cursors import SSCursor
 
 from .. import tls as tls_
 from ..dialects import mysql
@@ -224,11 +225,15 @@ async def _read_result(cursor: Any) -> QueryResult:
     description = cursor.description
     if description is None:
         return QueryResult([], cursor.rowcount, cursor.lastrowid or None)
-    tuples = await cursor.fetchall()
+    rows = _rows(description, await cursor.fetchall())
+    return QueryResult(rows, len(rows))
+
+
+def _rows(description: tuple[tuple[Any, ...], ...], tuples: Sequence[tuple[Any, ...]]) -> list[Row]:
     index, utc = _columns(description)
     if utc:
         tuples = _utc_rows(utc, tuples)
-    return QueryResult([Row(index, values) for values in tuples], len(tuples))
+    return [Row(index, values) for values in tuples]
 
 
 async def _drain(cursor: Any) -> None:
@@ -300,6 +305,13 @@ class AsyncmyConnection:
             _keep_status(self._raw)
         return results
 
+    async def stream(self, query: CompiledQuery, batch_size: int) -> AsyncmyStream:
+        if self._begin.pending is not None:
+            await self.execute_batch(())  # (the deferred BEGIN, alone)
+        cursor = self._raw.cursor(SSCursor)
+        await cursor.execute(_bind(*query))
+        return AsyncmyStream(self._raw, cursor, batch_size)
+
     async def begin(self, isolation: IsolationLevel | None) -> None:
         if isolation is None:
             self._begin.defer(("BEGIN",))
@@ -360,6 +372,55 @@ class AsyncmyConnection:
     async def close(self) -> None:
         if self._raw.connected:
             self._raw.close()
+
+
+class AsyncmyStream:
+    """An unbuffered result (asyncmy's SSCursor), read in batches.
+
+    The server sends the whole result as fast as the socket takes it, and
+    asyncmy reads whatever arrives into its buffer: so that the rows wait in
+    the server's socket rather than in our memory, the connection stops
+    reading between fetches (the transport's flow control). The connection
+    can send nothing else until the last row has been read."""
+
+    __slots__ = ("_batch", "_cursor", "_raw")
+
+    def __init__(self, raw: Any, cursor: Any, batch_size: int) -> None:
+        self._raw = raw
+        self._cursor = cursor
+        self._batch = batch_size
+        self._pause()
+
+    def _active(self) -> bool:
+        result = self._raw._result
+        return result is not None and bool(result.unbuffered_active)
+
+    def _pause(self) -> None:
+        transport = self._raw._transport
+        if self._active() and transport is not None:
+            transport.pause_reading()
+
+    def _resume(self) -> None:
+        transport = self._raw._transport
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading()
+
+    async def fetch(self) -> list[Row]:
+        cursor = self._cursor
+        if cursor.description is None or not self._active():
+            return []
+        self._resume()
+        tuples = await cursor.fetchmany(self._batch)
+        self._pause()
+        return _rows(cursor.description, tuples)
+
+    async def close(self, *, drain: bool) -> bool:
+        self._resume()  # (a paused connection would wait forever for its next reply)
+        if self._active() and not drain:
+            return False  # (MySQL cannot stop a result but by closing its connection)
+        await self._cursor.close()  # (reads what is left of the result)
+        _keep_status(self._raw)
+        return True
 
 
 def _keep_status(raw: Any) -> None:

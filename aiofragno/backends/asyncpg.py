@@ -197,6 +197,12 @@ class AsyncpgConnection:
         # pipelines only executemany: one round trip per statement.
         return await execute_in_turn(self, queries, stop)
 
+    async def stream(self, query: CompiledQuery, batch_size: int) -> AsyncpgStream:
+        # A portal (asyncpg's Cursor, of its cached prepared statement): each
+        # fetch is one Execute of at most batch_size rows.
+        cursor = await self._raw.cursor(query.sql, *query.parameters, timeout=self._timeout)
+        return AsyncpgStream(cursor, batch_size, self._timeout)
+
     async def begin(self, isolation: IsolationLevel | None) -> None:
         await self._raw.execute(postgresql.begin_sql(isolation))
 
@@ -242,6 +248,35 @@ class AsyncpgConnection:
             await self._raw.close(timeout=2)
         except Exception:
             self._raw.terminate()
+
+
+class AsyncpgStream:
+    """A portal read in batches, in the caller's transaction; other
+    statements may run beside it. Closing it closes the portal through
+    asyncpg's Cursor internals (``_portal_name``, ``_close_portal``: the
+    Cursor has no public close), else it would stay open, read to its end or
+    not, until the transaction ends."""
+
+    __slots__ = ("_batch", "_cursor", "_timeout")
+
+    def __init__(self, cursor: Any, batch_size: int, timeout: float | None) -> None:
+        self._cursor = cursor
+        self._batch = batch_size
+        self._timeout = timeout
+
+    async def fetch(self) -> list[Row]:
+        return _result(await self._cursor.fetch(self._batch, timeout=self._timeout), 0).rows
+
+    async def close(self, *, drain: bool) -> bool:
+        # (An open portal keeps the tables it reads "in use": DROP TABLE,
+        # say, fails in the rest of the transaction.)
+        cursor = self._cursor
+        if cursor._portal_name and not self._closed_connection():
+            await cursor._close_portal(self._timeout)
+        return True
+
+    def _closed_connection(self) -> bool:
+        return bool(self._cursor._connection.is_closed())
 
 
 def _close_unwanted(opening: asyncio.Future[AsyncpgConnection]) -> None:

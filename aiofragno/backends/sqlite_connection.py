@@ -210,6 +210,22 @@ class SqliteConnection(ABC):
         finally:
             self._gate.release()
 
+    async def stream(self, query: CompiledQuery, batch_size: int) -> SqliteStream:
+        """A cursor stepped ``batch_size`` rows per thread hop. A statement
+        that writes (``INSERT .. RETURNING``) holds the write gate until the
+        stream is closed: SQLite holds its write lock as long."""
+        gated = not self._holds_gate and not _reads_only(query.sql)
+        if gated:
+            await self._gate.acquire()
+        try:
+            call = partial(_open_cursor, query=query, begin=self._begin.take())
+            cursor = await self._interruptible(call)
+        except BaseException:
+            if gated:
+                self._gate.release()
+            raise
+        return SqliteStream(self, cursor, batch_size, gated)
+
     async def begin(self, isolation: IsolationLevel | None) -> None:
         # SQLite transactions are serializable, which satisfies every level.
         await self._gate.acquire()
@@ -292,6 +308,57 @@ class SqliteConnection(ABC):
         if self._holds_gate:
             self._holds_gate = False
             self._gate.release()
+
+
+class SqliteStream:
+    """An open sqlite3 cursor, stepped in the connection's thread."""
+
+    def __init__(
+        self, connection: SqliteConnection, cursor: sqlite3.Cursor, batch_size: int, gated: bool
+    ) -> None:
+        self._connection = connection
+        self._cursor = cursor
+        self._batch = batch_size
+        self._gated = gated
+        description = cursor.description
+        self._index = (
+            None if description is None else column_index(tuple(c[0] for c in description))
+        )
+
+    async def fetch(self) -> list[Row]:
+        index = self._index
+        if index is None:
+            return []
+        values = await self._connection._interruptible(
+            partial(_fetchmany, self._cursor, self._batch)
+        )
+        return [Row(index, row) for row in values]
+
+    async def close(self, *, drain: bool) -> bool:
+        # (A statement left open would make later ones fail after an interrupt().)
+        try:
+            await self._connection._call(partial(_close_cursor, self._cursor))
+        finally:
+            if self._gated:
+                self._gated = False
+                self._connection._gate.release()
+        return True
+
+
+def _open_cursor(
+    raw: sqlite3.Connection, *, query: CompiledQuery, begin: str | None
+) -> sqlite3.Cursor:
+    if begin is not None:
+        _run_sql(raw, begin)
+    return raw.execute(query.sql, query.parameters)
+
+
+def _fetchmany(cursor: sqlite3.Cursor, size: int, _raw: sqlite3.Connection) -> list[Any]:
+    return cursor.fetchmany(size)
+
+
+def _close_cursor(cursor: sqlite3.Cursor, _raw: sqlite3.Connection) -> None:
+    cursor.close()
 
 
 class CommitGuard:

@@ -116,6 +116,7 @@ ADAPTER = DialectAdapter(
         supports_writable_cte=True,
         # (The wire protocol counts a statement's parameters in 16 bits.)
         max_parameters=32767,
+        streams_in_transaction=True,
     ),
     outbox_version_strategy="insert-on-conflict-returning",
     default_naming="schema",

@@ -55,7 +55,17 @@ from .schema import Column, Index, Reference, RowId, Schema, Table, varchar
 from .sql import Fragment, Identifier, Json, sql
 from .stats import Stats
 from .transaction import Transaction
-from .uow import ExponentialBackoff, FindResult, NoRetry, RetryPolicy, UnitOfWork, UowHooks, c
+from .uow import (
+    ExponentialBackoff,
+    FindResult,
+    NoRetry,
+    RetryPolicy,
+    UnitOfWork,
+    UowHooks,
+    c,
+    many,
+    one,
+)
 from .url import ConnectOptions
 
 __version__ = "0.1.0"
@@ -128,6 +138,8 @@ __all__ = [
     "WrongEventLoop",
     "c",
     "connect",
+    "many",
+    "one",
     "sql",
     "varchar",
 ]

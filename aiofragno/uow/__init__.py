@@ -4,6 +4,7 @@ retried as a whole on conflict."""
 
 from .executor import UowHooks, execute_uow
 from .expr import Col, Expr, c
+from .joins import Many, One, many, one
 from .ops import FindResult
 from .retry import ExponentialBackoff, NoRetry, RetryPolicy
 from .unit import UnitOfWork
@@ -13,10 +14,14 @@ __all__ = [
     "ExponentialBackoff",
     "Expr",
     "FindResult",
+    "Many",
     "NoRetry",
+    "One",
     "RetryPolicy",
     "UnitOfWork",
     "UowHooks",
     "c",
     "execute_uow",
+    "many",
+    "one",
 ]

@@ -10,10 +10,12 @@ from ..schema import RowId
 from .catalog import Catalog
 from .combine_reads import combine_reads, split_reads
 from .expr import Expr
+from .joins import JoinedFind, JoinedFindFirst, Joins, join_reads
 from .ops import Check, Count, Create, Delete, Find, FindFirst, MutationOp, RetrievalOp, Update
 
 Where = Expr | Mapping[str, Any] | None
 R = TypeVar("R", bound=RetrievalOp[object])
+J = TypeVar("J", JoinedFind, JoinedFindFirst)
 Reader = Callable[[Sequence[CompiledQuery]], Awaitable[list[QueryResult]]]
 
 
@@ -55,16 +57,29 @@ class UnitOfWork:
         order_by: Any = None,
         limit: int | None = None,
         after: str | None = None,
+        *,
+        join: Joins | None = None,
     ) -> Find:
         """Rows of ``table`` matching ``where``, in ``order_by`` order (a column,
         ``(column, "asc"|"desc")``, or a list of those; ties broken by creation
         order). With ``limit``, ``result.cursor`` continues after the page. Order
-        columns that may be NULL give no cursor."""
-        return self._queue(Find(self._catalog.table(table), where, order_by, limit, after))
+        columns that may be NULL give no cursor. ``join``: name -> ``af.one(...)``
+        or ``af.many(...)``, set on each row (see :mod:`aiofragno.uow.joins`)."""
+        info = self._catalog.table(table)
+        if join is not None:
+            return self._queue_tree(
+                JoinedFind(self._catalog, info, where, order_by, limit, after, join)
+            )
+        return self._queue(Find(info, where, order_by, limit, after))
 
-    def find_first(self, table: str, where: Where = None, order_by: Any = None) -> FindFirst:
-        """The first matching row, or None."""
-        return self._queue(FindFirst(self._catalog.table(table), where, order_by))
+    def find_first(
+        self, table: str, where: Where = None, order_by: Any = None, *, join: Joins | None = None
+    ) -> FindFirst:
+        """The first matching row, or None (``join`` as in :meth:`find`)."""
+        info = self._catalog.table(table)
+        if join is not None:
+            return self._queue_tree(JoinedFindFirst(self._catalog, info, where, order_by, join))
+        return self._queue(FindFirst(info, where, order_by))
 
     def count(self, table: str, where: Where = None) -> Count:
         """How many rows match ``where``."""
@@ -120,3 +135,9 @@ class UnitOfWork:
     def _queue(self, op: R) -> R:
         self._reads.append(op)
         return op
+
+    def _queue_tree(self, op: J) -> J:
+        """Queue a find with joins after the reads of its joins, whose rows
+        its own accept() puts together."""
+        self._reads.extend(join_reads(op))
+        return self._queue(op)

@@ -242,6 +242,10 @@ class Capabilities:
     # rowid without AUTOINCREMENT): an internal id read before cannot name the
     # same row for sure, so references are looked up by external id.
     reuses_row_ids: bool = False
+    # A subquery in FROM may refer to the FROM items before it (LATERAL): a
+    # join's per-parent limit reads each parent's first rows only, instead
+    # of numbering all of them with ROW_NUMBER() (see uow/joins.py).
+    supports_lateral: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,6 +113,7 @@ ADAPTER = DialectAdapter(
         supports_transactional_ddl=True,
         supports_skip_locked=True,
         supports_writable_cte=True,
+        supports_lateral=True,
     ),
     outbox_version_strategy="insert-on-conflict-returning",
     default_naming="schema",

@@ -18,7 +18,9 @@ PostgreSQL (see combine_reads), one batch (one round trip) elsewhere.
 Joined rows come back as rows of their own table through its decoder, so
 every value is as exact as in a plain find, and each ``id`` is a RowId
 with version and table, usable in ``update(..., check=True)``. A
-per-parent ``limit`` numbers each parent's rows with ``ROW_NUMBER()``.
+per-parent ``limit`` is a LIMIT per parent in a LATERAL subquery where the
+database has them (PostgreSQL), else each parent's rows numbered with
+``ROW_NUMBER()`` (MariaDB, SQLite), which reads all of them.
 
 A ``where`` on a ``one`` join filters by the joined row's columns: it keeps
 only the rows whose referenced row matches (an inner join), as part of
@@ -34,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..brief import brief
+from ..driver import CompiledQuery
 from ..errors import ValidationError
 from .catalog import ALIAS, Catalog, TableInfo
 from .compiling import Compiling
@@ -229,11 +232,21 @@ def _many(catalog: Catalog, parent: TableInfo, key: str, spec: Many) -> _Node:
     return _Node(key, spec, table, info.name)
 
 
-class JoinRead(ReadRows[list[dict[str, Any]]]):
+class _CompiledWhenQueued:
+    """A read compiled (every value and column checked) when queued, so that
+    a bad join or value fails at the call; retrieve() takes that query."""
+
+    query: CompiledQuery
+
+    def compile(self, catalog: Catalog) -> CompiledQuery:
+        return self.query
+
+
+class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
     """The read of one join: its table's rows whose key is among those of
     ``parent``'s rows (``parent`` embedded as a derived table)."""
 
-    def __init__(self, node: _Node, parent: ReadRows[Any]) -> None:
+    def __init__(self, catalog: Catalog, node: _Node, parent: ReadRows[Any]) -> None:
         spec = node.spec
         order_by = spec.order_by if isinstance(spec, Many) else None
         super().__init__(node.table, node.where, order_by, None, None)
@@ -242,7 +255,8 @@ class JoinRead(ReadRows[list[dict[str, Any]]]):
         self.many = isinstance(spec, Many)
         self.link = node.link
         self.per_parent = spec.limit if isinstance(spec, Many) else None
-        self.joins = [JoinRead(child, self) for child in node.children]
+        self.query = ReadRows.compile(self, catalog)
+        self.joins = [JoinRead(catalog, child, self) for child in node.children]
         self._found: dict[int, Any] = {}
 
     def shape(self) -> Any:
@@ -270,17 +284,10 @@ class JoinRead(ReadRows[list[dict[str, Any]]]):
         ctx.text(f"{table.select_from} WHERE ")
         if self.per_parent is None:
             self._render_matching(ctx)
+        elif ctx.catalog.adapter.capabilities.supports_lateral:
+            self._render_lateral(ctx, order)
         else:
-            link = table.column(self.link).qualified
-            ctx.text(
-                f"{table.internal_id} IN (SELECT w.k FROM (SELECT {table.internal_id} AS k, "
-                f"ROW_NUMBER() OVER (PARTITION BY {link} ORDER BY {order}) AS n "
-                f"FROM {table.sql_name} {ALIAS} WHERE "
-            )
-            self._render_matching(ctx)
-            ctx.text(") w WHERE w.n <= ")
-            ctx.raw_value(self.per_parent)
-            ctx.text(")")
+            self._render_numbered(ctx, order)
         if self.many:
             ctx.text(f" ORDER BY {order}")
 
@@ -291,12 +298,52 @@ class JoinRead(ReadRows[list[dict[str, Any]]]):
             mine, theirs = self.table.column(self.link).qualified, parent.internal_id
         else:
             mine, theirs = self.table.internal_id, parent.column(self.link).qualified
-        ctx.text(f"{mine} IN (SELECT p.k FROM (SELECT {theirs} AS k FROM ")
-        _render_on(ctx, parent, self.parent.render_from)
-        ctx.text(") p)")
+        ctx.text(f"{mine} IN (SELECT p.k FROM ")
+        self._render_parent_keys(ctx, theirs)
+        ctx.text(")")
+        self._render_where(ctx)
+
+    def _render_parent_keys(self, ctx: Compiling, key: str) -> None:
+        """The parent's read as derived table ``p``, its one column ``k`` (``key``)."""
+        ctx.text(f"(SELECT {key} AS k FROM ")
+        _render_on(ctx, self.parent.table, self.parent.render_from)
+        ctx.text(") p")
+
+    def _render_where(self, ctx: Compiling) -> None:
         if self.where is not None:
             ctx.text(" AND ")
             self.where.render(ctx)
+
+    def _render_numbered(self, ctx: Compiling, order: str) -> None:
+        """A many's first ``per_parent`` rows per parent: all matching rows,
+        numbered per parent in order (ROW_NUMBER()), up to that number."""
+        table = self.table
+        link = table.column(self.link).qualified
+        ctx.text(
+            f"{table.internal_id} IN (SELECT w.k FROM (SELECT {table.internal_id} AS k, "
+            f"ROW_NUMBER() OVER (PARTITION BY {link} ORDER BY {order}) AS n "
+            f"FROM {table.sql_name} {ALIAS} WHERE "
+        )
+        self._render_matching(ctx)
+        ctx.text(") w WHERE w.n <= ")
+        ctx.raw_value(self.per_parent)
+        ctx.text(")")
+
+    def _render_lateral(self, ctx: Compiling, order: str) -> None:
+        """A many's first ``per_parent`` rows per parent: for each parent, a
+        LIMIT over its own rows (which an index on the reference and order
+        columns reads no further than that)."""
+        table = self.table
+        ctx.text(f"{table.internal_id} IN (SELECT w.k FROM ")
+        self._render_parent_keys(ctx, self.parent.table.internal_id)
+        ctx.text(
+            f" CROSS JOIN LATERAL (SELECT {table.internal_id} AS k FROM {table.sql_name} {ALIAS} "
+            f"WHERE {table.column(self.link).qualified} = p.k"
+        )
+        self._render_where(ctx)
+        ctx.text(f" ORDER BY {order} LIMIT ")
+        ctx.raw_value(self.per_parent)
+        ctx.text(") w)")
 
     def accept(self, rows: Sequence[Sequence[Any]]) -> None:
         decoded = list(map(self.table.decode, rows))
@@ -344,16 +391,7 @@ def _tree_where(
     return _both(where_expr(where), condition), nodes
 
 
-def _plan(catalog: Catalog, root: ReadRows[Any], nodes: list[_Node]) -> list[JoinRead]:
-    """The joins' reads, each checked (values and columns of every
-    ``where``) now, before anything runs."""
-    joins = [JoinRead(node, root) for node in nodes]
-    for read in [root, *(r for join in joins for r in join.reads())]:
-        read.render(Compiling(catalog, read.table, build_text=False))
-    return joins
-
-
-class JoinedFind(Find):
+class JoinedFind(_CompiledWhenQueued, Find):
     """``uow.find(..., join=...)``: a find whose rows carry their joins."""
 
     def __init__(
@@ -368,14 +406,15 @@ class JoinedFind(Find):
     ) -> None:
         condition, nodes = _tree_where(catalog, table, where, join)
         super().__init__(table, condition, order_by, limit, after)
-        self.joins = _plan(catalog, self, nodes)
+        self.query = Find.compile(self, catalog)
+        self.joins = [JoinRead(catalog, node, self) for node in nodes]
 
     def accept(self, rows: Sequence[Sequence[Any]]) -> None:
         super().accept(rows)
         _attach(self.result, self.joins)
 
 
-class JoinedFindFirst(FindFirst):
+class JoinedFindFirst(_CompiledWhenQueued, FindFirst):
     """``uow.find_first(..., join=...)``: the first row with its joins."""
 
     def __init__(
@@ -388,7 +427,8 @@ class JoinedFindFirst(FindFirst):
     ) -> None:
         condition, nodes = _tree_where(catalog, table, where, join)
         super().__init__(table, condition, order_by)
-        self.joins = _plan(catalog, self, nodes)
+        self.query = FindFirst.compile(self, catalog)
+        self.joins = [JoinRead(catalog, node, self) for node in nodes]
 
     def accept(self, rows: Sequence[Sequence[Any]]) -> None:
         super().accept(rows)

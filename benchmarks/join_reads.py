@@ -1,0 +1,244 @@
+"""A read with a join: one account (by owner) with its last 10 transfers.
+
+aiofragno: ``find_first("accounts", where={"owner": o}, join={"recent":
+af.many("transfers", by="src", order_by=("seq", "desc"), limit=10)})`` —
+one round trip (one statement on PostgreSQL). raw: hand-written code on the
+driver, as a repository function would do it: the account, then its
+transfers (``WHERE src = ? ORDER BY seq DESC LIMIT 10``), two statements on
+one connection, with the same columns (references' external ids joined).
+Interleaved in rounds, one read at a time; reported: reads/s per variant
+and the ratio aiofragno / raw per backend (median over rounds).
+
+    python -m benchmarks.join_reads [--backend all] [--reads 2000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiofragno as af
+
+from . import _common as common
+
+ACCOUNTS = 200
+TRANSFERS_EACH = 100
+SCHEMA = af.Schema(
+    "joins",
+    af.Table(
+        "accounts",
+        af.Column("owner", "string"),
+        af.Column("balance", "bigint", default=0),
+        af.Index("by_owner", ["owner"], unique=True),
+    ),
+    af.Table(
+        "transfers",
+        af.Reference("src", "accounts"),
+        af.Reference("dst", "accounts"),
+        af.Column("amount", "bigint"),
+        af.Column("seq", "bigint"),
+        af.Index("by_src", ["src", "seq"]),
+    ),
+)
+Read = Callable[[str], Awaitable[Any]]
+
+
+async def seed(db: af.Database) -> None:
+    for table in ("transfers", "accounts"):
+        ident = db.layout(SCHEMA).table(table).identifier
+        await db.execute(af.sql("DROP TABLE IF EXISTS {t}", t=ident))
+    with contextlib.suppress(af.ProgrammingError):  # (no settings table before a migration)
+        await db.execute(
+            af.sql(
+                "DELETE FROM {t} WHERE {k} LIKE {p}",
+                t=af.Identifier("fragno_db_settings"),
+                k=af.Identifier("key"),
+                p="default.%",
+            )
+        )
+    await db.migrate(SCHEMA)
+
+    async def accounts(uow: af.UnitOfWork) -> list[af.RowId]:
+        return [uow.create("accounts", {"owner": common.owner(i)}) for i in range(ACCOUNTS)]
+
+    ids = await db.execute_uow(accounts, schema=SCHEMA)
+    rng = random.Random(7)
+
+    async def transfers(uow: af.UnitOfWork) -> None:
+        for seq in range(TRANSFERS_EACH):
+            for src in ids:
+                dst = ids[rng.randrange(ACCOUNTS)]
+                uow.create("transfers", {"src": src, "dst": dst, "amount": seq, "seq": seq})
+
+    await db.execute_uow(transfers, schema=SCHEMA)
+
+
+def aiofragno_read(db: af.Database) -> Read:
+    async def read(owner: str) -> Any:
+        async def unit(uow: af.UnitOfWork) -> Any:
+            account = uow.find_first(
+                "accounts",
+                where={"owner": owner},
+                join={"recent": af.many("transfers", by="src", order_by=("seq", "desc"), limit=10)},
+            )
+            await uow.retrieve()
+            return account.result
+
+        row = await db.execute_uow(unit, schema=SCHEMA)
+        assert row is not None and len(row["recent"]) == 10
+        return row
+
+    return read
+
+
+def raw_sql(db: af.Database, placeholder: str) -> tuple[str, str]:
+    layout = db.layout(SCHEMA)
+    quote = db._engine.compiler.quote_identifier
+
+    def name(table: str) -> str:
+        return ".".join(quote(p) for p in layout.table(table).identifier.parts)
+
+    accounts, transfers = name("accounts"), name("transfers")
+    account = (
+        f'SELECT "_id", "id", "_version", "owner", "balance" FROM {accounts} '
+        f'WHERE "owner" = {placeholder}'
+    )
+    recent = (
+        f't."_id", t."id", t."_version", s."id", d."id", t."amount", t."seq" FROM {transfers} t '
+        f'JOIN {accounts} s ON s."_id" = t."src" JOIN {accounts} d ON d."_id" = t."dst" '
+        f'WHERE t."src" = {placeholder} ORDER BY t."seq" DESC LIMIT 10'
+    )
+    if quote("x") == "`x`":
+        account, recent = account.replace('"', "`"), recent.replace('"', "`")
+    return account, "SELECT " + recent
+
+
+async def raw_asyncpg(target: common.Target, db: af.Database) -> tuple[Read, Any]:
+    import asyncpg
+
+    url = target.parsed
+    conn = await asyncpg.connect(
+        host=url.host, port=url.port, user=url.username, database=url.database
+    )
+    account_sql, recent_sql = raw_sql(db, "$1")
+
+    async def read(owner: str) -> Any:
+        account = await conn.fetchrow(account_sql, owner)
+        recent = await conn.fetch(recent_sql, account[0])
+        assert len(recent) == 10
+        return account, recent
+
+    return read, conn.close
+
+
+async def raw_asyncmy(target: common.Target, db: af.Database) -> tuple[Read, Any]:
+    import asyncmy
+
+    conn = await asyncmy.connect(**common.asyncmy_options(target.url), charset="utf8mb4")
+    account_sql, recent_sql = raw_sql(db, "%s")
+
+    async def read(owner: str) -> Any:
+        async with conn.cursor() as cursor:
+            await cursor.execute(account_sql, (owner,))
+            account = await cursor.fetchone()
+            await cursor.execute(recent_sql, (account[0],))
+            recent = await cursor.fetchall()
+        assert len(recent) == 10
+        return account, recent
+
+    async def close() -> None:
+        await conn.ensure_closed()
+
+    return read, close
+
+
+async def raw_sqlite(target: common.Target, db: af.Database) -> tuple[Read, Any]:
+    conn = sqlite3.connect(target.sqlite_path, isolation_level=None, check_same_thread=False)
+    account_sql, recent_sql = raw_sql(db, "?")
+
+    def both(owner: str) -> Any:
+        account = conn.execute(account_sql, (owner,)).fetchone()
+        recent = conn.execute(recent_sql, (account[0],)).fetchall()
+        assert len(recent) == 10
+        return account, recent
+
+    async def read(owner: str) -> Any:
+        return await asyncio.to_thread(both, owner)
+
+    async def close() -> None:
+        conn.close()
+
+    return read, close
+
+
+RAW = {"postgresql": raw_asyncpg, "mysql": raw_asyncmy, "sqlite": raw_sqlite}
+
+
+async def timed(read: Read, owners: Sequence[str]) -> float:
+    started = time.perf_counter()
+    for owner in owners:
+        await read(owner)
+    return len(owners) / (time.perf_counter() - started)
+
+
+async def run_backend(dialect: str, reads: int, rounds: int, tmp: Path) -> dict[str, Any] | None:
+    async with common.target(dialect, tmp) as target:
+        if target is None:
+            return None
+        async with af.connect(target.url, pool_size=2) as db:
+            await seed(db)
+            raw, close = await RAW[dialect](target, db)
+            ours = aiofragno_read(db)
+            rng = random.Random(1)
+            owners = [common.owner(rng.randrange(ACCOUNTS)) for _ in range(reads)]
+            await timed(ours, owners[:200])  # warm-up
+            await timed(raw, owners[:200])
+            rates: dict[str, list[float]] = {"aiofragno": [], "raw": []}
+            for i in range(rounds):
+                order = [("aiofragno", ours), ("raw", raw)]
+                for name, read in order if i % 2 == 0 else reversed(order):
+                    rates[name].append(await timed(read, owners))
+            await close()
+    ratios = [a / r for a, r in zip(rates["aiofragno"], rates["raw"], strict=True)]
+    return {
+        "aiofragno reads/s": statistics.median(rates["aiofragno"]),
+        "raw reads/s": statistics.median(rates["raw"]),
+        "aiofragno / raw": statistics.median(ratios),
+        "ratio range": (min(ratios), max(ratios)),
+    }
+
+
+async def main(args: argparse.Namespace) -> None:
+    backends = common.BACKENDS if args.backend == "all" else (args.backend,)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="aiofragno-joins-") as tmp:
+        for dialect in backends:
+            result = await run_backend(dialect, args.reads, args.rounds, Path(tmp))
+            if result is not None:
+                low, high = result["ratio range"]
+                rows.append(
+                    [
+                        dialect,
+                        f"{result['aiofragno reads/s']:.0f}",
+                        f"{result['raw reads/s']:.0f}",
+                        f"{result['aiofragno / raw']:.2f} ({low:.2f}-{high:.2f})",
+                    ]
+                )
+    common.print_table(["backend", "aiofragno reads/s", "raw reads/s", "aiofragno / raw"], rows)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="all", choices=["all", *common.BACKENDS])
+    parser.add_argument("--reads", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    asyncio.run(main(parser.parse_args()))

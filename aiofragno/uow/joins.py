@@ -281,10 +281,11 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
             [f"{table.column(n).qualified}{' DESC' if desc else ''}" for n, desc in self.order]
             + [table.internal_id]
         )
-        ctx.text(f"{table.select_from} WHERE ")
         if self.per_parent is None:
+            ctx.text(f"{table.select_from} WHERE ")
             self._render_matching(ctx)
         elif ctx.catalog.adapter.capabilities.supports_lateral:
+            ctx.text(f"{table.select_from} WHERE ")
             self._render_lateral(ctx, order)
         else:
             self._render_numbered(ctx, order)
@@ -316,18 +317,21 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
 
     def _render_numbered(self, ctx: Compiling, order: str) -> None:
         """A many's first ``per_parent`` rows per parent: all matching rows,
-        numbered per parent in order (ROW_NUMBER()), up to that number."""
+        numbered per parent in order (ROW_NUMBER()), up to that number. The
+        numbered rows are the FROM of the read (as ``t``, which its select
+        list names), so that the planner starts from them: MariaDB, asked
+        for ``_id IN (<numbered>)`` instead, scans the whole table."""
         table = self.table
-        link = table.column(self.link).qualified
+        row = ctx.catalog.compiler.quote_identifier("_row")  # (no column's name: "_" is ours)
+        joins = table.select_from.removeprefix(f"{table.sql_name} {ALIAS}")
         ctx.text(
-            f"{table.internal_id} IN (SELECT w.k FROM (SELECT {table.internal_id} AS k, "
-            f"ROW_NUMBER() OVER (PARTITION BY {link} ORDER BY {order}) AS n "
+            f"(SELECT {ALIAS}.*, ROW_NUMBER() OVER (PARTITION BY "
+            f"{table.column(self.link).qualified} ORDER BY {order}) AS {row} "
             f"FROM {table.sql_name} {ALIAS} WHERE "
         )
         self._render_matching(ctx)
-        ctx.text(") w WHERE w.n <= ")
+        ctx.text(f") {ALIAS}{joins} WHERE {ALIAS}.{row} <= ")
         ctx.raw_value(self.per_parent)
-        ctx.text(")")
 
     def _render_lateral(self, ctx: Compiling, order: str) -> None:
         """A many's first ``per_parent`` rows per parent: for each parent, a

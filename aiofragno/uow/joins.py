@@ -316,21 +316,22 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
             self.where.render(ctx)
 
     def _render_numbered(self, ctx: Compiling, order: str) -> None:
-        """A many's first ``per_parent`` rows per parent: all matching rows,
-        numbered per parent in order (ROW_NUMBER()), up to that number. The
-        numbered rows are the FROM of the read (as ``t``, which its select
-        list names), so that the planner starts from them: MariaDB, asked
-        for ``_id IN (<numbered>)`` instead, scans the whole table."""
+        """A many's first ``per_parent`` rows per parent: the ids of all
+        matching rows, numbered per parent in order (ROW_NUMBER()), joined
+        back to the table up to that number. The numbered ids come first in
+        the FROM, so that the planner starts from them: MariaDB, given
+        ``_id IN (<numbered ids>)`` instead, scans the whole table."""
         table = self.table
-        row = ctx.catalog.compiler.quote_identifier("_row")  # (no column's name: "_" is ours)
         joins = table.select_from.removeprefix(f"{table.sql_name} {ALIAS}")
         ctx.text(
-            f"(SELECT {ALIAS}.*, ROW_NUMBER() OVER (PARTITION BY "
-            f"{table.column(self.link).qualified} ORDER BY {order}) AS {row} "
+            f"(SELECT {table.internal_id} AS k, ROW_NUMBER() OVER (PARTITION BY "
+            f"{table.column(self.link).qualified} ORDER BY {order}) AS n "
             f"FROM {table.sql_name} {ALIAS} WHERE "
         )
         self._render_matching(ctx)
-        ctx.text(f") {ALIAS}{joins} WHERE {ALIAS}.{row} <= ")
+        ctx.text(
+            f") w JOIN {table.sql_name} {ALIAS} ON {table.internal_id} = w.k{joins} WHERE w.n <= "
+        )
         ctx.raw_value(self.per_parent)
 
     def _render_lateral(self, ctx: Compiling, order: str) -> None:

@@ -32,7 +32,7 @@ the parent's own condition (``src IN (SELECT _id FROM accounts WHERE
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..brief import brief
@@ -128,7 +128,7 @@ class _Matches(Expr):
         ctx.text(")")
 
 
-def _render_on(ctx: Compiling, table: TableInfo, render: Any) -> None:
+def _render_on(ctx: Compiling, table: TableInfo, render: Callable[[Compiling], None]) -> None:
     """``render(ctx)`` with ``table``'s columns in scope (an inner SELECT's)."""
     outer = ctx.table
     ctx.table = table
@@ -145,14 +145,12 @@ def _both(a: Expr | None, b: Expr | None) -> Expr | None:
 class _Node:
     """One join, checked against the schema: ``table`` is the joined table;
     ``link`` the reference column (the parent's for a ``one``, the joined
-    table's for a ``many``); ``where`` its rows' condition (a ``many``'s);
-    ``filter`` what a ``one`` adds to its parent's condition."""
+    table's for a ``many``); ``where`` its rows' condition (a ``many``'s)."""
 
     def __init__(self, key: str, spec: Join, table: TableInfo, link: str) -> None:
         self.key, self.spec, self.table, self.link = key, spec, table, link
         self.children: list[_Node] = []
         self.where: Expr | None = None
-        self.filter: Expr | None = None
 
 
 def _resolve(
@@ -185,8 +183,7 @@ def _resolve(
         if isinstance(spec, Many):
             node.where = own
         elif own is not None:
-            node.filter = _Matches(node.link, node.table, own)
-            condition = _both(condition, node.filter)
+            condition = _both(condition, _Matches(node.link, node.table, own))
         nodes.append(node)
     return nodes, condition
 

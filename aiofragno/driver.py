@@ -242,10 +242,12 @@ class Capabilities:
     # rowid without AUTOINCREMENT): an internal id read before cannot name the
     # same row for sure, so references are looked up by external id.
     reuses_row_ids: bool = False
-    # A subquery in FROM may refer to the FROM items before it (LATERAL): a
-    # join's per-parent limit reads each parent's first rows only, instead
-    # of numbering all of them with ROW_NUMBER() (see uow/joins.py).
+    # How a join's per-parent limit can read each parent's first rows only
+    # (see uow/joins.py), instead of numbering all of them with ROW_NUMBER():
+    # a subquery in FROM may refer to the FROM items before it (LATERAL), or
+    # a correlated subquery in IN (...) may have ORDER BY .. LIMIT.
     supports_lateral: bool = False
+    supports_limit_in_subquery: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ _BASE = DialectAdapter(
         supports_writable_cte=False,
         one_writer=True,
         reuses_row_ids=True,
+        supports_limit_in_subquery=True,
     ),
     outbox_version_strategy="insert-on-conflict-returning",
     default_naming="suffix",

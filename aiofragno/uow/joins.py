@@ -18,9 +18,10 @@ PostgreSQL (see combine_reads), one batch (one round trip) elsewhere.
 Joined rows come back as rows of their own table through its decoder, so
 every value is as exact as in a plain find, and each ``id`` is a RowId
 with version and table, usable in ``update(..., check=True)``. A
-per-parent ``limit`` is a LIMIT per parent in a LATERAL subquery where the
-database has them (PostgreSQL), else each parent's rows numbered with
-``ROW_NUMBER()`` (MariaDB, SQLite), which reads all of them.
+per-parent ``limit`` is a LIMIT per parent: in a LATERAL subquery
+(PostgreSQL) or a correlated ``IN (... LIMIT)`` (SQLite); where the
+database has neither (MariaDB), each parent's rows are numbered with
+``ROW_NUMBER()``, which reads all of them.
 
 A ``where`` on a ``one`` join filters by the joined row's columns: it keeps
 only the rows whose referenced row matches (an inner join), as part of
@@ -284,6 +285,8 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         elif ctx.catalog.adapter.capabilities.supports_lateral:
             ctx.text(f"{table.select_from} WHERE ")
             self._render_lateral(ctx, order)
+        elif ctx.catalog.adapter.capabilities.supports_limit_in_subquery:
+            self._render_correlated(ctx, order)
         else:
             self._render_numbered(ctx, order)
         if self.many:
@@ -330,6 +333,22 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
             f") w JOIN {table.sql_name} {ALIAS} ON {table.internal_id} = w.k{joins} WHERE w.n <= "
         )
         ctx.raw_value(self.per_parent)
+
+    def _render_correlated(self, ctx: Compiling, order: str) -> None:
+        """A many's first ``per_parent`` rows per parent: each parent's key
+        joined to its own rows, those in a correlated ``IN (... LIMIT)``."""
+        table = self.table
+        joins = table.select_from.removeprefix(f"{table.sql_name} {ALIAS}")
+        self._render_parent_keys(ctx, self.parent.table.internal_id)
+        ctx.text(
+            f" JOIN {table.sql_name} {ALIAS} ON {table.internal_id} IN (SELECT "
+            f"{table.internal_id} FROM {table.sql_name} {ALIAS} "
+            f"WHERE {table.column(self.link).qualified} = p.k"
+        )
+        self._render_where(ctx)
+        ctx.text(f" ORDER BY {order} LIMIT ")
+        ctx.raw_value(self.per_parent)
+        ctx.text(f"){joins}")
 
     def _render_lateral(self, ctx: Compiling, order: str) -> None:
         """A many's first ``per_parent`` rows per parent: for each parent, a

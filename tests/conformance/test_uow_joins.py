@@ -131,7 +131,7 @@ async def test_filter_on_joined_columns_pages_with_cursor(shop: Env) -> None:
     ]
     assert cursor is None
 
-    # Nested: transfers to accounts that someone's person row points at.
+    # A where on a many filters its lists only; find_first takes joins too.
     async def nested(uow: af.UnitOfWork) -> list[int]:
         rows = uow.find(
             "accounts",

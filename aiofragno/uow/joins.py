@@ -255,7 +255,7 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         self.per_parent = spec.limit if isinstance(spec, Many) else None
         self.query = ReadRows.compile(self, catalog)
         self.joins = [JoinRead(catalog, child, self) for child in node.children]
-        self._found: dict[int, Any] = {}
+        self._found: dict[str, Any] = {}
 
     def shape(self) -> Any:
         return (
@@ -367,13 +367,16 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         ctx.text(") w)")
 
     def accept(self, rows: Sequence[Sequence[Any]]) -> None:
+        # Keyed by external id (a RowId hashes as its text), never reused:
+        # where each read is a statement of its own, a row deleted between
+        # them may have left its internal id to a new one (SQLite).
         decoded = list(map(self.table.decode, rows))
-        found: dict[int, Any] = {}
+        found: dict[str, Any] = {}
         if self.many:
             for row in decoded:  # (in order: each parent's list keeps it)
-                found.setdefault(row[self.link].internal_id, []).append(row)
+                found.setdefault(row[self.link], []).append(row)
         else:
-            found = {row["id"].internal_id: row for row in decoded}
+            found = {row["id"]: row for row in decoded}
         self._found = found
         self._result = decoded
 
@@ -388,12 +391,12 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         attached: list[dict[str, Any]] = []
         for parent in parents:
             if self.many:
-                rows = [dict(row) for row in found.get(parent["id"].internal_id, ())]
+                rows = [dict(row) for row in found.get(parent["id"], ())]
                 parent[self.key] = rows
                 attached += rows
             else:
                 ref = parent[self.link]
-                row = None if ref is None else found.get(ref.internal_id)
+                row = None if ref is None else found.get(ref)
                 parent[self.key] = row = None if row is None else dict(row)
                 if row is not None:
                     attached.append(row)

@@ -67,6 +67,8 @@ from .uow import (
     Upserted,
     c,
     fn,
+    many,
+    one,
 )
 from .url import ConnectOptions
 
@@ -146,6 +148,8 @@ __all__ = [
     "connect",
     "enum",
     "fn",
+    "many",
+    "one",
     "sql",
     "varchar",
 ]

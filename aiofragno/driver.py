@@ -274,6 +274,12 @@ class Capabilities:
     # transaction (PostgreSQL: a portal ends with its transaction), so a
     # stream outside the caller's transaction opens one of its own.
     streams_in_transaction: bool = False
+    # How a join's per-parent limit can read each parent's first rows only
+    # (see uow/joins.py), instead of numbering all of them with ROW_NUMBER():
+    # a subquery in FROM may refer to the FROM items before it (LATERAL), or
+    # a correlated subquery in IN (...) may have ORDER BY .. LIMIT.
+    supports_lateral: bool = False
+    supports_limit_in_subquery: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,6 +117,7 @@ ADAPTER = DialectAdapter(
         # (The wire protocol counts a statement's parameters in 16 bits.)
         max_parameters=32767,
         streams_in_transaction=True,
+        supports_lateral=True,
     ),
     outbox_version_strategy="insert-on-conflict-returning",
     default_naming="schema",

@@ -52,6 +52,7 @@ _BASE = DialectAdapter(
         reuses_row_ids=True,
         # (SQLITE_MAX_VARIABLE_NUMBER since 3.32.)
         max_parameters=32766,
+        supports_limit_in_subquery=True,
     ),
     outbox_version_strategy="insert-on-conflict-returning",
     default_naming="suffix",

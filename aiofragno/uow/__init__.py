@@ -5,6 +5,7 @@ retried as a whole on conflict."""
 from .aggregates import Aggregate, AggregateFn, fn
 from .executor import UowHooks, execute_uow
 from .expr import Col, Expr, c
+from .joins import Many, One, many, one
 from .ops import FindResult
 from .retry import ExponentialBackoff, NoRetry, RetryPolicy
 from .unit import UnitOfWork
@@ -17,7 +18,9 @@ __all__ = [
     "ExponentialBackoff",
     "Expr",
     "FindResult",
+    "Many",
     "NoRetry",
+    "One",
     "RetryPolicy",
     "UnitOfWork",
     "UowHooks",
@@ -25,4 +28,6 @@ __all__ = [
     "c",
     "execute_uow",
     "fn",
+    "many",
+    "one",
 ]

@@ -13,12 +13,14 @@ from .aggregates import Aggregate, AggregateFn
 from .catalog import Catalog
 from .combine_reads import combine_reads, split_reads
 from .expr import Expr
+from .joins import JoinedFind, JoinedFindFirst, Joins, join_reads
 from .ops import Check, Count, Create, Delete, Find, FindFirst, MutationOp, RetrievalOp, Update
 from .unique import UniqueConflicts, index_for_key, key_values, unique_index
 from .upsert import CheckAbsent, Upsert, Upserted, UpsertRead, checked_upsert, update_columns
 
 Where = Expr | Mapping[str, Any] | None
 R = TypeVar("R", bound=RetrievalOp[object])
+J = TypeVar("J", JoinedFind, JoinedFindFirst)
 Reader = Callable[[Sequence[CompiledQuery]], Awaitable[list[QueryResult]]]
 
 
@@ -65,16 +67,24 @@ class UnitOfWork:
         after: str | None = None,
         *,
         select: Sequence[str] | None = None,
+        join: Joins | None = None,
     ) -> Find:
         """Rows of ``table`` matching ``where``, in ``order_by`` order (a column,
         ``(column, "asc"|"desc")``, or a list of those; ties broken by creation
         order). With ``limit``, ``result.cursor`` continues after the page. Order
         columns that may be NULL give no cursor. With ``select``, each row has
         only those columns and ``id`` (a RowId with its version), and only
-        they are read and decoded."""
-        return self._queue(
-            Find(self._catalog.table(table), where, order_by, limit, after, select=select)
-        )
+        they are read and decoded. ``join``: name -> ``af.one(...)`` or
+        ``af.many(...)``, set on each row (see :mod:`aiofragno.uow.joins`);
+        not with ``select``, whose rows might lack the columns a join
+        follows."""
+        info = self._catalog.table(table)
+        if join is not None:
+            _no_select_with_join(select)
+            return self._queue_tree(
+                JoinedFind(self._catalog, info, where, order_by, limit, after, join)
+            )
+        return self._queue(Find(info, where, order_by, limit, after, select=select))
 
     def find_first(
         self,
@@ -83,9 +93,15 @@ class UnitOfWork:
         order_by: Any = None,
         *,
         select: Sequence[str] | None = None,
+        join: Joins | None = None,
     ) -> FindFirst:
-        """The first matching row, or None (``select``: as for :meth:`find`)."""
-        return self._queue(FindFirst(self._catalog.table(table), where, order_by, select))
+        """The first matching row, or None (``select`` and ``join`` as for
+        :meth:`find`)."""
+        info = self._catalog.table(table)
+        if join is not None:
+            _no_select_with_join(select)
+            return self._queue_tree(JoinedFindFirst(self._catalog, info, where, order_by, join))
+        return self._queue(FindFirst(info, where, order_by, select))
 
     def count(self, table: str, where: Where = None) -> Count:
         """How many rows match ``where``."""
@@ -257,3 +273,17 @@ class UnitOfWork:
     def _queue(self, op: R) -> R:
         self._reads.append(op)
         return op
+
+    def _queue_tree(self, op: J) -> J:
+        """Queue a find with joins after the reads of its joins, whose rows
+        its own accept() puts together."""
+        self._reads.extend(join_reads(op))
+        return self._queue(op)
+
+
+def _no_select_with_join(select: Sequence[str] | None) -> None:
+    if select is not None:
+        raise ValidationError(
+            "a find with join= reads whole rows: leave out select= (a join follows "
+            "columns that select= could leave out)"
+        )

@@ -1,0 +1,466 @@
+"""Joins in the retrieval phase: ``find(..., join={...})`` follows references
+both ways and returns nested rows (plain dicts: no identity map, no lazy
+loading; each occurrence of a joined row is a dict of its own).
+
+``af.one("src")`` follows a reference column of the row to the row it names
+(many-to-one): that row as a dict, or None where the reference is NULL (or
+names no row any more). ``af.many("transfers", by="src")`` follows a
+reference backwards (one-to-many): the rows of ``transfers`` whose ``src``
+is the row, a list in the join's ``order_by`` (ties: creation order), at
+most ``limit`` per row. Joins nest (``join=`` on a join), :data:`MAX_DEPTH`
+levels deep at most.
+
+How a tree runs: every join is one more read, queued before the find, that
+selects its table's rows whose key is among the keys of its parent's rows —
+the parent's read itself, embedded as a derived table, so that it needs
+nothing from the parent's results and travels with it: one statement on
+PostgreSQL (see combine_reads), one batch (one round trip) elsewhere.
+Joined rows come back as rows of their own table through its decoder, so
+every value is as exact as in a plain find, and each ``id`` is a RowId
+with version and table, usable in ``update(..., check=True)``. A
+per-parent ``limit`` is a LIMIT per parent: in a LATERAL subquery
+(PostgreSQL) or a correlated ``IN (... LIMIT)`` (SQLite); where the
+database has neither (MariaDB), each parent's rows are numbered with
+``ROW_NUMBER()``, which reads all of them.
+
+A ``where`` on a ``one`` join filters by the joined row's columns: it keeps
+only the rows whose referenced row matches (an inner join), as part of
+the parent's own condition (``src IN (SELECT _id FROM accounts WHERE
+...)``), so the parent's ``limit`` and cursor count matching rows only. A
+``where`` on a ``many`` join filters that join's rows only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..brief import brief
+from ..driver import CompiledQuery
+from ..errors import ValidationError
+from .catalog import ALIAS, Catalog, TableInfo
+from .compiling import Compiling
+from .expr import Expr, where_expr
+from .ops import Find, FindFirst, ReadRows
+
+MAX_DEPTH = 4
+"""How deeply joins may nest (each level one more read, embedding its parents)."""
+
+_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
+
+
+class One:
+    """A many-to-one join (see :func:`one`)."""
+
+    __slots__ = ("column", "join", "where")
+
+    def __init__(self, column: str, where: Expr | Mapping[str, Any] | None, join: Any) -> None:
+        self.column, self.where, self.join = column, where, join
+
+
+class Many:
+    """A one-to-many join (see :func:`many`)."""
+
+    __slots__ = ("by", "join", "limit", "order_by", "table", "where")
+
+    def __init__(
+        self,
+        table: str,
+        by: str,
+        where: Expr | Mapping[str, Any] | None,
+        order_by: Any,
+        limit: int | None,
+        join: Any,
+    ) -> None:
+        self.table, self.by, self.where = table, by, where
+        self.order_by, self.limit, self.join = order_by, limit, join
+
+
+Join = One | Many
+Joins = Mapping[str, Join]
+
+
+def one(
+    column: str,
+    *,
+    where: Expr | Mapping[str, Any] | None = None,
+    join: Joins | None = None,
+) -> One:
+    """Join the row that reference ``column`` names: a dict, or None. With
+    ``where`` (on the joined row's columns), only rows whose referenced row
+    matches are found."""
+    return One(column, where, join)
+
+
+def many(
+    table: str,
+    *,
+    by: str,
+    where: Expr | Mapping[str, Any] | None = None,
+    order_by: Any = None,
+    limit: int | None = None,
+    join: Joins | None = None,
+) -> Many:
+    """Join the rows of ``table`` whose reference column ``by`` names the row:
+    a list in ``order_by`` order (ties: creation order), at most ``limit``
+    of them per row, only those matching ``where``."""
+    return Many(table, by, where, order_by, limit, join)
+
+
+class _Matches(Expr):
+    """Reference ``column`` names a row of ``target`` matching ``condition``."""
+
+    __slots__ = ("column", "condition", "target")
+
+    def __init__(self, column: str, target: TableInfo, condition: Expr) -> None:
+        self.column, self.target, self.condition = column, target, condition
+
+    def shape(self) -> Any:
+        return ("matches", self.column, self.target.name, self.condition.shape())
+
+    def render(self, ctx: Compiling) -> None:
+        target = self.target
+        ctx.text(
+            f"{ctx.column(self.column)} IN (SELECT {target.internal_id} "
+            f"FROM {target.sql_name} {ALIAS} WHERE "
+        )
+        _render_on(ctx, target, self.condition.render)
+        ctx.text(")")
+
+
+def _render_on(ctx: Compiling, table: TableInfo, render: Callable[[Compiling], None]) -> None:
+    """``render(ctx)`` with ``table``'s columns in scope (an inner SELECT's)."""
+    outer = ctx.table
+    ctx.table = table
+    try:
+        render(ctx)
+    finally:
+        ctx.table = outer
+
+
+def _both(a: Expr | None, b: Expr | None) -> Expr | None:
+    return b if a is None else a if b is None else a & b
+
+
+class _Node:
+    """One join, checked against the schema: ``table`` is the joined table;
+    ``link`` the reference column (the parent's for a ``one``, the joined
+    table's for a ``many``); ``where`` its rows' condition (a ``many``'s)."""
+
+    def __init__(self, key: str, spec: Join, table: TableInfo, link: str) -> None:
+        self.key, self.spec, self.table, self.link = key, spec, table, link
+        self.children: list[_Node] = []
+        self.where: Expr | None = None
+
+
+def _resolve(
+    catalog: Catalog, parent: TableInfo, joins: Any, depth: int
+) -> tuple[list[_Node], Expr | None]:
+    """The checked joins on rows of ``parent``, and the condition their
+    ``where``s (on ``one`` joins) add to the parent's."""
+    if not isinstance(joins, Mapping):
+        raise ValidationError(
+            f"join= takes a dict of name -> af.one(...) or af.many(...), got {brief(joins)}"
+        )
+    if depth > MAX_DEPTH:
+        raise ValidationError(f"joins nest at most {MAX_DEPTH} levels deep")
+    nodes: list[_Node] = []
+    condition: Expr | None = None
+    for key, spec in joins.items():
+        _check_key(parent, key)
+        if isinstance(spec, One):
+            node = _one(catalog, parent, key, spec)
+        elif isinstance(spec, Many):
+            node = _many(catalog, parent, key, spec)
+        else:
+            raise ValidationError(
+                f"join {key!r} must be af.one(...) or af.many(...), got {brief(spec)}"
+            )
+        own = where_expr(spec.where)
+        if spec.join is not None:
+            node.children, inner = _resolve(catalog, node.table, spec.join, depth + 1)
+            own = _both(own, inner)
+        if isinstance(spec, Many):
+            node.where = own
+        elif own is not None:
+            condition = _both(condition, _Matches(node.link, node.table, own))
+        nodes.append(node)
+    return nodes, condition
+
+
+def _check_key(parent: TableInfo, key: Any) -> None:
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise ValidationError(
+            f"join names are a letter, then letters, digits or _ (at most 63), got {brief(key)}"
+        )
+    if key in parent.columns:
+        raise ValidationError(
+            f"join {key!r} has the name of a column of {parent.name!r}; name it otherwise"
+        )
+
+
+def _one(catalog: Catalog, parent: TableInfo, key: str, spec: One) -> _Node:
+    info = parent.column(spec.column)
+    if info.target is None:
+        refs = [c.name for c in parent.columns.values() if c.target is not None]
+        raise ValidationError(
+            f"join {key!r}: {parent.name}.{info.name} is no reference, so af.one() cannot "
+            f"follow it (references of {parent.name!r}: {', '.join(refs) or 'none'})"
+        )
+    return _Node(key, spec, catalog.table(info.target), info.name)
+
+
+def _many(catalog: Catalog, parent: TableInfo, key: str, spec: Many) -> _Node:
+    table = catalog.table(spec.table)
+    if not isinstance(spec.by, str):
+        raise ValidationError(f"join {key!r}: by= names a reference column, got {brief(spec.by)}")
+    info = table.column(spec.by)
+    if info.target != parent.name:
+        refs = [c.name for c in table.columns.values() if c.target == parent.name]
+        raise ValidationError(
+            f"join {key!r}: {table.name}.{info.name} is no reference to {parent.name!r} "
+            f"(those of {table.name!r}: {', '.join(refs) or 'none'})"
+        )
+    limit = spec.limit
+    if limit is not None and (
+        not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit < 2**63
+    ):
+        raise ValidationError(f"join {key!r}: limit must be a positive int, got {brief(limit)}")
+    return _Node(key, spec, table, info.name)
+
+
+class _CompiledWhenQueued:
+    """A read compiled (every value and column checked) when queued, so that
+    a bad join or value fails at the call; retrieve() takes that query."""
+
+    query: CompiledQuery
+
+    def compile(self, catalog: Catalog) -> CompiledQuery:
+        return self.query
+
+
+class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
+    """The read of one join: its table's rows whose key is among those of
+    ``parent``'s rows (``parent`` embedded as a derived table)."""
+
+    def __init__(self, catalog: Catalog, node: _Node, parent: ReadRows[Any]) -> None:
+        spec = node.spec
+        order_by = spec.order_by if isinstance(spec, Many) else None
+        super().__init__(node.table, node.where, order_by, None, None)
+        self.key = node.key
+        self.parent = parent
+        self.many = isinstance(spec, Many)
+        self.link = node.link
+        self.per_parent = spec.limit if isinstance(spec, Many) else None
+        self.query = ReadRows.compile(self, catalog)
+        self.joins = [JoinRead(catalog, child, self) for child in node.children]
+        self._found: dict[str, Any] = {}
+
+    def shape(self) -> Any:
+        return (
+            "join",
+            self.many,
+            self.link,
+            self.parent.table.name,
+            self.parent.shape(),
+            None if self.where is None else self.where.shape(),
+            self.order,
+            self.per_parent is not None,
+        )
+
+    def reads(self) -> list[JoinRead]:
+        """This read and those of the joins below it."""
+        return [self, *(read for join in self.joins for read in join.reads())]
+
+    def render_from(self, ctx: Compiling) -> None:
+        table = self.table
+        order = ", ".join(
+            [f"{table.column(n).qualified}{' DESC' if desc else ''}" for n, desc in self.order]
+            + [table.internal_id]
+        )
+        if self.per_parent is None:
+            ctx.text(f"{table.select_from} WHERE ")
+            self._render_matching(ctx)
+        elif ctx.catalog.adapter.capabilities.supports_lateral:
+            ctx.text(f"{table.select_from} WHERE ")
+            self._render_lateral(ctx, order)
+        elif ctx.catalog.adapter.capabilities.supports_limit_in_subquery:
+            self._render_correlated(ctx, order)
+        else:
+            self._render_numbered(ctx, order)
+        if self.many:
+            ctx.text(f" ORDER BY {order}")
+
+    def _render_matching(self, ctx: Compiling) -> None:
+        """The rows whose key is among the parent's rows' keys, and ``where``."""
+        parent = self.parent.table
+        if self.many:
+            mine, theirs = self.table.column(self.link).qualified, parent.internal_id
+        else:
+            mine, theirs = self.table.internal_id, parent.column(self.link).qualified
+        ctx.text(f"{mine} IN (SELECT p.k FROM ")
+        self._render_parent_keys(ctx, theirs)
+        ctx.text(")")
+        self._render_where(ctx)
+
+    def _render_parent_keys(self, ctx: Compiling, key: str) -> None:
+        """The parent's read as derived table ``p``, its one column ``k`` (``key``)."""
+        ctx.text(f"(SELECT {key} AS k FROM ")
+        _render_on(ctx, self.parent.table, self.parent.render_from)
+        ctx.text(") p")
+
+    def _render_where(self, ctx: Compiling) -> None:
+        if self.where is not None:
+            ctx.text(" AND ")
+            self.where.render(ctx)
+
+    def _render_numbered(self, ctx: Compiling, order: str) -> None:
+        """A many's first ``per_parent`` rows per parent: the ids of all
+        matching rows, numbered per parent in order (ROW_NUMBER()), joined
+        back to the table up to that number. The numbered ids come first in
+        the FROM, so that the planner starts from them: MariaDB, given
+        ``_id IN (<numbered ids>)`` instead, scans the whole table."""
+        table = self.table
+        joins = table.select_from.removeprefix(f"{table.sql_name} {ALIAS}")
+        ctx.text(
+            f"(SELECT {table.internal_id} AS k, ROW_NUMBER() OVER (PARTITION BY "
+            f"{table.column(self.link).qualified} ORDER BY {order}) AS n "
+            f"FROM {table.sql_name} {ALIAS} WHERE "
+        )
+        self._render_matching(ctx)
+        ctx.text(
+            f") w JOIN {table.sql_name} {ALIAS} ON {table.internal_id} = w.k{joins} WHERE w.n <= "
+        )
+        ctx.raw_value(self.per_parent)
+
+    def _render_correlated(self, ctx: Compiling, order: str) -> None:
+        """A many's first ``per_parent`` rows per parent: each parent's key
+        joined to its own rows, those in a correlated ``IN (... LIMIT)``."""
+        table = self.table
+        joins = table.select_from.removeprefix(f"{table.sql_name} {ALIAS}")
+        self._render_parent_keys(ctx, self.parent.table.internal_id)
+        ctx.text(
+            f" JOIN {table.sql_name} {ALIAS} ON {table.internal_id} IN (SELECT "
+            f"{table.internal_id} FROM {table.sql_name} {ALIAS} "
+            f"WHERE {table.column(self.link).qualified} = p.k"
+        )
+        self._render_where(ctx)
+        ctx.text(f" ORDER BY {order} LIMIT ")
+        ctx.raw_value(self.per_parent)
+        ctx.text(f"){joins}")
+
+    def _render_lateral(self, ctx: Compiling, order: str) -> None:
+        """A many's first ``per_parent`` rows per parent: for each parent, a
+        LIMIT over its own rows (which an index on the reference and order
+        columns reads no further than that)."""
+        table = self.table
+        ctx.text(f"{table.internal_id} IN (SELECT w.k FROM ")
+        self._render_parent_keys(ctx, self.parent.table.internal_id)
+        ctx.text(
+            f" CROSS JOIN LATERAL (SELECT {table.internal_id} AS k FROM {table.sql_name} {ALIAS} "
+            f"WHERE {table.column(self.link).qualified} = p.k"
+        )
+        self._render_where(ctx)
+        ctx.text(f" ORDER BY {order} LIMIT ")
+        ctx.raw_value(self.per_parent)
+        ctx.text(") w)")
+
+    def accept(self, rows: Sequence[Sequence[Any]]) -> None:
+        # Keyed by external id (a RowId hashes as its text), never reused:
+        # where each read is a statement of its own, a row deleted between
+        # them may have left its internal id to a new one (SQLite).
+        decoded = list(map(self.table.decode, rows))
+        found: dict[str, Any] = {}
+        if self.many:
+            for row in decoded:  # (in order: each parent's list keeps it)
+                found.setdefault(row[self.link], []).append(row)
+        else:
+            found = {row["id"]: row for row in decoded}
+        self._found = found
+        self._result = decoded
+
+    def empty(self) -> None:
+        self._found = {}
+        self._result = []
+
+    def attach(self, parents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Set this join on each of ``parents``: fresh dicts (one per
+        occurrence), which it returns for the joins below it."""
+        found = self._found
+        attached: list[dict[str, Any]] = []
+        for parent in parents:
+            if self.many:
+                rows = [dict(row) for row in found.get(parent["id"], ())]
+                parent[self.key] = rows
+                attached += rows
+            else:
+                ref = parent[self.link]
+                row = None if ref is None else found.get(ref)
+                parent[self.key] = row = None if row is None else dict(row)
+                if row is not None:
+                    attached.append(row)
+        return attached
+
+
+def _attach(rows: list[dict[str, Any]], joins: list[JoinRead]) -> None:
+    for join in joins:
+        _attach(join.attach(rows), join.joins)
+
+
+def _tree_where(
+    catalog: Catalog, table: TableInfo, where: Expr | Mapping[str, Any] | None, join: Any
+) -> tuple[Expr | None, list[_Node]]:
+    nodes, condition = _resolve(catalog, table, join, 1)
+    return _both(where_expr(where), condition), nodes
+
+
+class JoinedFind(_CompiledWhenQueued, Find):
+    """``uow.find(..., join=...)``: a find whose rows carry their joins."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        table: TableInfo,
+        where: Expr | Mapping[str, Any] | None,
+        order_by: Any,
+        limit: int | None,
+        after: str | None,
+        join: Joins,
+    ) -> None:
+        condition, nodes = _tree_where(catalog, table, where, join)
+        super().__init__(table, condition, order_by, limit, after)
+        self.query = Find.compile(self, catalog)
+        self.joins = [JoinRead(catalog, node, self) for node in nodes]
+
+    def accept(self, rows: Sequence[Sequence[Any]]) -> None:
+        super().accept(rows)
+        _attach(self.result, self.joins)
+
+
+class JoinedFindFirst(_CompiledWhenQueued, FindFirst):
+    """``uow.find_first(..., join=...)``: the first row with its joins."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        table: TableInfo,
+        where: Expr | Mapping[str, Any] | None,
+        order_by: Any,
+        join: Joins,
+    ) -> None:
+        condition, nodes = _tree_where(catalog, table, where, join)
+        super().__init__(table, condition, order_by)
+        self.query = FindFirst.compile(self, catalog)
+        self.joins = [JoinRead(catalog, node, self) for node in nodes]
+
+    def accept(self, rows: Sequence[Sequence[Any]]) -> None:
+        super().accept(rows)
+        row = self.result
+        _attach([] if row is None else [row], self.joins)
+
+
+def join_reads(op: JoinedFind | JoinedFindFirst) -> list[JoinRead]:
+    """The reads a find with joins queues before itself (its rows' accept
+    puts their results together)."""
+    return [read for join in op.joins for read in join.reads()]

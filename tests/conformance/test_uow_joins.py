@@ -1,0 +1,317 @@
+"""Joins in the retrieval phase (``find(..., join=...)``): references followed
+both ways and nested, per-parent order and limit, filters on joined
+columns with keyset cursors, exact values through the join, one round trip
+per retrieve, and joins refused at the call (before any SQL) when they name
+what the schema does not have.
+
+Every test runs against a real database in a namespace of its own, dropped
+afterwards (the fixtures are in conftest.py, the helpers in uow_env.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+import aiofragno as af
+from aiofragno.session import Session
+from tests.conformance.uow_env import Env, MakeEnv, seed_accounts
+
+pytestmark = pytest.mark.anyio
+
+
+def plain(row: dict[str, Any], *joins: str) -> dict[str, Any]:
+    """``row`` without its joins."""
+    return {k: v for k, v in row.items() if k not in joins}
+
+
+async def seed_transfers(shop: Env) -> dict[str, af.RowId]:
+    ids = await seed_accounts(shop, "alice", "bob", "carol")
+    a, b, c = ids["alice"], ids["bob"], ids["carol"]
+    await shop.create(
+        "transfers",
+        *(
+            {"src": src, "dst": dst, "amount": amount}
+            for src, dst, amount in [(a, b, 5), (a, c, 7), (a, b, 7), (a, b, 1), (b, a, 3)]
+        ),
+    )
+    await shop.create("people", {"email": "a@x", "account": a}, {"email": "z@x", "account": None})
+    return ids
+
+
+async def test_joins_both_ways_nested(shop: Env) -> None:
+    await seed_transfers(shop)
+
+    async def unit(uow: af.UnitOfWork) -> Any:
+        accounts = uow.find(
+            "accounts",
+            order_by="owner",
+            join={
+                "outgoing": af.many(
+                    "transfers",
+                    by="src",
+                    order_by=("amount", "desc"),
+                    limit=2,
+                    join={"to": af.one("dst")},
+                ),
+                "incoming": af.many(
+                    "transfers", by="dst", where=af.c.amount > 1, order_by="amount", limit=1
+                ),
+            },
+        )
+        people = uow.find("people", order_by="email", join={"acct": af.one("account")})
+        everything = uow.find("transfers", join={"from": af.one("src")})
+        plain_accounts = uow.find("accounts")
+        await uow.retrieve()
+        return accounts.result, people.result, everything.result, plain_accounts.result
+
+    accounts, people, transfers, plain_accounts = await shop.run(unit)
+    by_id = {row["id"]: row for row in plain_accounts}
+    assert [r["owner"] for r in accounts] == ["alice", "bob", "carol"]
+    alice, bob, carol = accounts
+    # Per parent: in the join's order (amount desc, ties in creation order), at most 2.
+    assert [(t["amount"], t["to"]["owner"]) for t in alice["outgoing"]] == [
+        (7, "carol"),
+        (7, "bob"),
+    ]
+    assert [t["amount"] for t in bob["outgoing"]] == [3]
+    assert carol["outgoing"] == [] and carol["incoming"] == [plain(transfers[1], "from")]
+    assert [t["amount"] for t in bob["incoming"]] == [5]  # (1 is filtered out)
+    assert [t["amount"] for t in alice["incoming"]] == [3]
+    # Joined rows are the rows a plain find gives, nested (each a dict of its own).
+    assert plain(alice, "outgoing", "incoming") == by_id[alice["id"]]
+    assert alice["outgoing"][0]["to"] == {**by_id[carol["id"]]}
+    # The same row joined twice: equal dicts, not the same one (no identity map).
+    assert transfers[0]["from"] == transfers[2]["from"] == by_id[alice["id"]]
+    assert transfers[0]["from"] is not transfers[2]["from"]
+    assert [p["acct"] for p in people] == [by_id[alice["id"]], None]  # NULL reference: None
+    # Joined RowIds carry version and table: usable with check=True.
+    to_carol = alice["outgoing"][0]["to"]["id"]
+    assert to_carol.version == 0 and to_carol.table is carol["id"].table
+
+    async def bump(uow: af.UnitOfWork) -> None:
+        uow.update("accounts", to_carol, {"balance": 1}, check=True)
+
+    await shop.run(bump)
+    with pytest.raises(af.ConcurrencyConflict):
+        await shop.run(bump, retry=af.NoRetry())
+
+
+async def test_filter_on_joined_columns_pages_with_cursor(shop: Env) -> None:
+    """A where on a one-join keeps the rows whose joined row matches; the
+    root's limit and cursor count those rows only."""
+    await seed_transfers(shop)
+
+    async def page(uow: af.UnitOfWork, after: str | None) -> af.FindResult:
+        rows = uow.find(
+            "transfers",
+            order_by="amount",
+            limit=2,
+            after=after,
+            join={"source": af.one("src", where=af.c.owner == "alice"), "target": af.one("dst")},
+        )
+        await uow.retrieve()
+        return rows.result
+
+    seen: list[tuple[int, str, str]] = []
+    cursor = None
+    for _ in range(3):
+        rows = await shop.run(lambda uow, after=cursor: page(uow, after))
+        seen += [(r["amount"], r["source"]["owner"], r["target"]["owner"]) for r in rows]
+        cursor = rows.cursor
+        if cursor is None:
+            break
+    assert seen == [
+        (1, "alice", "bob"),
+        (5, "alice", "bob"),
+        (7, "alice", "carol"),
+        (7, "alice", "bob"),
+    ]
+    assert cursor is None
+
+    # A where on a many filters its lists only; find_first takes joins too.
+    async def nested(uow: af.UnitOfWork) -> list[int]:
+        rows = uow.find(
+            "accounts",
+            join={"sent": af.many("transfers", by="src", where={"amount": 7})},
+        )
+        first = uow.find_first(
+            "transfers",
+            where=af.c.amount < 7,
+            order_by=("amount", "desc"),
+            join={"source": af.one("src", where=af.c.owner.starts_with("b"))},
+        )
+        await uow.retrieve()
+        assert first.result is not None and first.result["source"]["owner"] == "bob"
+        return sorted(len(r["sent"]) for r in rows.result)
+
+    assert await shop.run(nested) == [0, 0, 2]
+
+
+EXACT = af.Schema(
+    "exact",
+    af.Table(
+        "vaults",
+        af.Column("d", "decimal", nullable=True),
+        af.Column("b", "bigint", nullable=True),
+        af.Column("bin", "binary", nullable=True),
+        af.Column("ts", "timestamp", nullable=True),
+        af.Column("j", "json", nullable=True),
+        af.Column("f", "bool", nullable=True),
+        af.Column("day", "date", nullable=True),
+    ),
+    af.Table("keys", af.Reference("vault", "vaults"), af.Column("n", "bigint")),
+)
+
+
+async def test_values_stay_exact_through_joins(make_env: MakeEnv) -> None:
+    env = await make_env(EXACT)
+    micro = env.db._engine.adapter.storage.timestamp != "epoch-ms"
+    values = {
+        "d": Decimal("12345678901234567890.123456789"),
+        "b": 2**63 - 1,
+        "bin": bytes(range(256)),
+        "ts": dt.datetime(2024, 2, 29, 23, 59, 59, 123456 if micro else 123000, tzinfo=dt.UTC),
+        "j": {"n": 2**60, "f": 0.5, "t": True, "s": "é", "l": [None]},
+        "f": True,
+        "day": dt.date(9999, 12, 30),
+    }
+    nulls = dict.fromkeys(values)
+    full, empty = await env.create("vaults", values, {**nulls, "f": False})
+    await env.create("keys", {"vault": full, "n": -(2**63)}, {"vault": empty, "n": 0})
+
+    async def unit(uow: af.UnitOfWork) -> Any:
+        keys = uow.find("keys", order_by="n", join={"safe": af.one("vault")})
+        vaults = uow.find("vaults", join={"keys": af.many("keys", by="vault")})
+        await uow.retrieve()
+        return keys.result, vaults.result
+
+    keys, vaults = await env.run(unit)
+    expected = [{"id": full, **values}, {"id": empty, **nulls, "f": False}]
+    for key, want in zip(keys, expected, strict=True):
+        assert key["safe"] == want
+        for name, value in want.items():
+            assert type(key["safe"][name]) is type(value), name
+    assert keys[0]["n"] == -(2**63)
+    by_vault = {v["id"]: v["keys"] for v in vaults}
+    assert [k["n"] for k in by_vault[full]] == [-(2**63)]
+    assert [plain(k, "safe") for k in keys] == [*by_vault[full], *by_vault[empty]]
+
+
+TREE = af.Schema(
+    "tree",
+    af.Table("nodes", af.Column("label", "string"), af.Reference("parent", "nodes", nullable=True)),
+)
+
+
+def children(depth: int) -> af.Many:
+    """Children of children, ``depth`` levels."""
+    below = {"kids": children(depth - 1)} if depth > 1 else None
+    return af.many("nodes", by="parent", order_by="label", join=below)
+
+
+async def test_self_reference_nested_to_the_bound(make_env: MakeEnv) -> None:
+    env = await make_env(TREE)
+
+    async def build(uow: af.UnitOfWork) -> None:
+        parent = None
+        for level in range(5):
+            for label in ("b", "a"):
+                node = uow.create("nodes", {"label": f"{level}{label}", "parent": parent})
+            parent = node  # the "a" one has children
+
+    await env.run(build)
+
+    async def unit(uow: af.UnitOfWork) -> Any:
+        with pytest.raises(af.ValidationError, match="at most 4 levels"):
+            uow.find("nodes", join={"kids": children(5)})
+        rows = uow.find(
+            "nodes", where={"parent": None}, order_by="label", join={"kids": children(4)}
+        )
+        await uow.retrieve()
+        return rows.result
+
+    def labels(rows: list[dict[str, Any]]) -> list[Any]:
+        return [(r["label"], labels(r["kids"])) if "kids" in r else r["label"] for r in rows]
+
+    assert labels(await env.run(unit)) == [
+        ("0a", [("1a", [("2a", [("3a", ["4a", "4b"]), ("3b", [])]), ("2b", [])]), ("1b", [])]),
+        ("0b", []),
+    ]
+
+
+async def test_one_round_trip_per_retrieve(shop: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    await seed_transfers(shop)
+    batches: list[int] = []
+    execute_batch = Session.execute_batch
+
+    async def spying(self_: Session, queries: Any, stop: Any = None) -> Any:
+        batches.append(len(queries))
+        return await execute_batch(self_, queries, stop)
+
+    monkeypatch.setattr(Session, "execute_batch", spying)
+
+    async def unit(uow: af.UnitOfWork) -> int:
+        rows = uow.find(
+            "accounts",
+            join={"out": af.many("transfers", by="src", limit=1, join={"to": af.one("dst")})},
+        )
+        n = uow.count("transfers")
+        await uow.retrieve()
+        return len(rows.result) + n.result
+
+    assert await shop.run(unit) == 8
+    assert len(batches) == 1
+    if shop.db._engine.adapter.sql.rows_array is not None:  # one statement
+        assert batches == [1]
+
+
+def _bad_joins() -> list[tuple[str, dict[str, Any], dict[str, Any], str]]:
+    """(table, find kwargs, join, message) that must be refused at the call."""
+    return [
+        ("transfers", {}, {"x": af.one("nope")}, "has no column 'nope'"),
+        ("transfers", {"select": ["amount"]}, {"x": af.one("src")}, "leave out select="),
+        ("transfers", {}, {"x": af.one("amount")}, "is no reference"),
+        ("transfers", {}, {"x": af.one(5)}, "column names are str"),  # type: ignore[arg-type]
+        ("accounts", {}, {"x": af.many("transfers", by=5)}, "by= names"),  # type: ignore[arg-type]
+        ("accounts", {}, {"x": af.many(["transfers"], by="src")}, "table names are str"),  # type: ignore[arg-type]
+        ("transfers", {}, {"x": af.one("_id")}, "internal"),
+        ("accounts", {}, {"x": af.many("nope", by="src")}, "has no table 'nope'"),
+        ("accounts", {}, {"x": af.many("transfers", by="amount")}, "no reference to 'accounts'"),
+        ("transfers", {}, {"x": af.many("transfers", by="src")}, "no reference to 'transfers'"),
+        ("accounts", {}, {"x": af.many("transfers", by="src", limit=0)}, "positive int"),
+        ("accounts", {}, {"x": af.many("transfers", by="src", limit=True)}, "positive int"),
+        ("accounts", {}, {"x": af.many("transfers", by="src", limit="3")}, "positive int"),
+        ("accounts", {}, {"x": af.many("transfers", by="src", order_by="nope")}, "no column"),
+        ("accounts", {}, {"owner": af.many("transfers", by="src")}, "name of a column"),
+        ("accounts", {}, {"x; DROP": af.many("transfers", by="src")}, "join names"),
+        ("accounts", {}, {"x": "transfers"}, "must be af.one"),
+        ("transfers", {}, {"x": af.one("src", where=af.c.balance == "1")}, "expected a int"),
+        ("transfers", {}, {"x": af.one("src", where=af.c.nope == 1)}, "has no column 'nope'"),
+        ("accounts", {}, {"x": af.many("transfers", by="src", where={"amount": 1.5})}, "int"),
+        (
+            "accounts",
+            {},
+            {"x": af.many("transfers", by="src", join={"y": af.one("dst", where={"owner": 3})})},
+            "expected a str",
+        ),
+        ("accounts", {}, {"x": af.many("transfers", by="src", join=["y"])}, "dict of name"),
+        ("people", {"where": {"email": 5}}, {"x": af.one("account")}, "expected a str"),
+    ]
+
+
+async def test_bad_joins_are_refused_at_the_call(shop: Env) -> None:
+    queries: list[Any] = []
+
+    async def unit(uow: af.UnitOfWork) -> None:
+        for table, kwargs, join, message in _bad_joins():
+            with pytest.raises(af.ValidationError, match=message):
+                uow.find(table, join=join, **kwargs)
+            with pytest.raises(af.ValidationError, match=message):
+                uow.find_first(table, join=join, **kwargs)
+        await uow.retrieve()  # nothing was queued
+
+    await shop.run(unit, on_query=queries.append)
+    assert queries == []

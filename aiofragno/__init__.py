@@ -55,15 +55,27 @@ from .schema import Column, Index, Reference, RowId, Schema, Table, varchar
 from .sql import Fragment, Identifier, Json, sql
 from .stats import Stats
 from .transaction import Transaction
-from .uow import ExponentialBackoff, FindResult, NoRetry, RetryPolicy, UnitOfWork, UowHooks, c
+from .uow import (
+    ALL,
+    BulkWrite,
+    ExponentialBackoff,
+    FindResult,
+    NoRetry,
+    RetryPolicy,
+    UnitOfWork,
+    UowHooks,
+    c,
+)
 from .url import ConnectOptions
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ALL",
     "AlreadyApplied",
     "BackendNotInstalled",
     "BrokerSink",
+    "BulkWrite",
     "CheckViolation",
     "Column",
     "CommitOutcomeUnknown",

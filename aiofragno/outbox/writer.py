@@ -31,6 +31,7 @@ from ..tagged_json import dump_tagged, tag
 from .tables import OUTBOX_ID, VERSION_KEY
 
 if TYPE_CHECKING:
+    from ..uow.catalog import TableInfo
     from ..uow.ops import MutationOp
 
 _RESERVE = {
@@ -286,6 +287,25 @@ def _payload_value(kind: str, value: Any) -> Any:
     return tag(value)
 
 
+def stored_values(
+    table: TableInfo, values: dict[str, Any], ref_map: dict[str, str], prefix: str
+) -> dict[str, Any]:
+    """``values`` of ``table``'s columns as the payload holds them, tagged
+    for JSON; each reference also goes into ``ref_map`` as
+    ``<prefix><column>``."""
+    columns = table.columns
+    stored: dict[str, Any] = {}
+    for column, value in values.items():
+        info = columns[column]
+        if value is None:
+            stored[column] = None
+            continue
+        if info.target is not None:
+            ref_map[f"{prefix}{column}"] = str(value)
+        stored[column] = _payload_value(info.kind, value)
+    return stored
+
+
 def describe(
     schema: str, namespace: str, ops: Sequence[MutationOp], version: str
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
@@ -308,18 +328,14 @@ def describe(
             "external_id": str(op.target),
             "versionstamp": f"{version}{index:04x}",
         }
+        describe_self = op.describe
+        if describe_self is not None:  # a bulk write (uow.bulk) says what it wrote
+            describe_self(entry, index, ref_map)
+            mutations.append(entry)
+            continue
         values = getattr(op, "values", None)
         if values is not None:
-            columns = op.table.columns
-            stored: dict[str, Any] = {}
-            for column, value in values.items():
-                info = columns[column]
-                if value is None:
-                    stored[column] = None
-                    continue
-                if info.target is not None:
-                    ref_map[f"{index}.{column}"] = str(value)
-                stored[column] = _payload_value(info.kind, value)
+            stored = stored_values(op.table, values, ref_map, f"{index}.")
             entry["values" if op.op == "create" else "set"] = stored
         if op.checked:
             entry["check_version"] = tag(getattr(op.target, "version", None))

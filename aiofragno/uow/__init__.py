@@ -2,6 +2,7 @@
 applies every write in one transaction with optimistic-concurrency checks,
 retried as a whole on conflict."""
 
+from .bulk import ALL, BulkWrite
 from .executor import UowHooks, execute_uow
 from .expr import Col, Expr, c
 from .ops import FindResult
@@ -9,6 +10,8 @@ from .retry import ExponentialBackoff, NoRetry, RetryPolicy
 from .unit import UnitOfWork
 
 __all__ = [
+    "ALL",
+    "BulkWrite",
     "Col",
     "ExponentialBackoff",
     "Expr",

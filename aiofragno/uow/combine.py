@@ -43,7 +43,7 @@ MAX_PARAMETERS = 30_000
 
 def combinable(ops: Sequence[MutationOp]) -> bool:
     """Whether ``ops`` give the same result run as one statement (and fit in one)."""
-    return len(groups(ops)) == 1 and not any(isinstance(op, Delete) for op in ops)
+    return len(groups(ops)) == 1 and not any(isinstance(op, Delete) or op.alone for op in ops)
 
 
 def groups(ops: Sequence[MutationOp]) -> list[Sequence[MutationOp]]:
@@ -62,6 +62,7 @@ def groups(ops: Sequence[MutationOp]) -> list[Sequence[MutationOp]]:
         size = len(op.query.parameters)
         if run and (
             isinstance(op, Delete)
+            or op.alone
             or row in touched
             or any(ref in created for ref in op.lookups)
             or len(run) == MAX_PARTS
@@ -74,7 +75,7 @@ def groups(ops: Sequence[MutationOp]) -> list[Sequence[MutationOp]]:
         parameters += size
         if isinstance(op, Create):
             created.add(row[1])
-        elif isinstance(op, Delete):
+        elif isinstance(op, Delete) or op.alone:
             runs.append(run)
             run, touched, created, parameters = [], set(), set(), 0
     if run:

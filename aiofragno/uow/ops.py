@@ -459,6 +459,12 @@ class MutationOp:
     checked: bool = False
     must_match: bool = True
     lookups: tuple[str, ...] = ()
+    # Bulk writes (.bulk): run as a statement of its own, never combined;
+    # whether it has an entry of its own in the outbox payload, and
+    # (describe) writes that entry itself.
+    alone: bool = False
+    in_outbox: bool = True
+    describe: Callable[[dict[str, Any], int, dict[str, str]], None] | None = None
     # Writes the operation's statement (its text only where the Compiling
     # builds it). (Not an ABC's abstract method: isinstance() with an ABC
     # costs ~0.1 us more, several times per operation.)

@@ -241,6 +241,7 @@ def _create_row(
     looked_up: list[bool] = []
     complete: dict[str, Any] = {}
     given = size = 0
+    missing = None  # a required column without a value
     for info in infos:
         column = info.column
         value = values.get(info.name, _MISSING)
@@ -250,10 +251,8 @@ def _create_row(
             given += 1
         complete[info.name] = value
         if value is None:
-            if not column.nullable:
-                raise ValidationError(
-                    f"{table.name}.{info.name} is required (NOT NULL, no default)"
-                )
+            if not column.nullable and missing is None:
+                missing = info.name
             params.append(None)
             looked_up.append(False)
             continue
@@ -266,6 +265,8 @@ def _create_row(
         for name in values:
             if name not in complete:
                 _refuse(table, name, "create_many")
+    if missing is not None:
+        raise ValidationError(f"{table.name}.{missing} is required (NOT NULL, no default)")
     return params, tuple(looked_up), complete, size
 
 

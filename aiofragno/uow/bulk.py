@@ -24,7 +24,9 @@ matching ``where`` appeared since the retrieval.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 from ..brief import brief
@@ -32,7 +34,7 @@ from ..driver import CompiledQuery
 from ..errors import ValidationError
 from ..outbox.writer import stored_values
 from ..schema import EXTERNAL_ID, VERSION, RowId, new_external_id
-from .catalog import Catalog, TableInfo
+from .catalog import Catalog, ColumnInfo, TableInfo
 from .compiling import Compiling, row_id
 from .expr import Expr, where_expr
 from .ops import (
@@ -119,16 +121,6 @@ class _Chunk(MutationOp):
         assert self.description is not None
         entry.pop("external_id")
         entry["op"] = self.description["op"]
-        rows = self.description.get("rows")
-        if rows is not None:  # create_many: each row's id and values
-            entry["rows"] = [
-                {
-                    "external_id": external_id,
-                    "values": stored_values(self.table, values, ref_map, f"{index}.{i}."),
-                }
-                for i, (external_id, values) in enumerate(rows)
-            ]
-            return
         entry["external_ids"] = [str(target) for target in self.description["ids"]]
         values = self.description.get("set")
         if values is not None:
@@ -148,17 +140,19 @@ class _CreateRows(_Chunk):
         catalog: Catalog,
         table: TableInfo,
         columns: tuple[str, ...],
-        rows: list[tuple[Any, ...]],
+        params: list[Any],
         lookups: tuple[tuple[bool, ...], ...],
         description: dict[str, Any] | None,
     ) -> None:
-        super().__init__(table, f"<create_many of {len(rows)} rows>", description)
+        count = len(params) // (len(columns) + 1)
+        super().__init__(table, f"<create_many of {count} rows>", description)
         self.columns = columns
-        self.rows = rows
+        self.params = params
+        self.count = count
         self.row_lookups = lookups
-        key = (table.name, "create_many", columns, len(rows), lookups)
+        key = (table.name, "create_many", columns, count, lookups)
         text = cached_text(catalog, table, key, self.render)
-        self.query = CompiledQuery(text, tuple(param for row in rows for param in row))
+        self.query = CompiledQuery(text, tuple(params))
 
     def render(self, ctx: Compiling) -> None:
         table = self.table
@@ -168,18 +162,37 @@ class _CreateRows(_Chunk):
         ]
         ctx.text(f"INSERT INTO {table.sql_name} ({', '.join(names)}) VALUES ")
         targets = [table.columns[n].target for n in self.columns]
-        for i, row in enumerate(self.rows):
+        params = iter(self.params)
+        for i in range(self.count):
             ctx.text("(" if i == 0 else ", (")
-            ctx.raw_value(row[0])
+            ctx.raw_value(next(params))
             looked_up = self.row_lookups[i] if self.row_lookups else ()
-            for j, param in enumerate(row[1:]):
+            for j, target in enumerate(targets):
                 ctx.text(", ")
-                target = targets[j]
-                if target is not None and looked_up and looked_up[j]:
+                param = next(params)
+                if target is not None and looked_up[j]:
                     ctx.lookup(target, param)
                 else:
                     ctx.raw_value(param)
             ctx.text(")")
+
+    def describe(self, entry: dict[str, Any], index: int, ref_map: dict[str, str]) -> None:
+        assert self.description is not None
+        columns = self.columns
+        entry.pop("external_id")
+        entry["op"] = "create_many"
+        rows = zip(*self.description["values"], strict=True)
+        entry["rows"] = [
+            {
+                "external_id": external_id,
+                "values": stored_values(
+                    self.table, dict(zip(columns, values, strict=True)), ref_map, f"{index}.{i}."
+                ),
+            }
+            for i, (external_id, values) in enumerate(
+                zip(self.description["ids"], rows, strict=True)
+            )
+        ]
 
 
 _MISSING = object()
@@ -195,40 +208,135 @@ def create_rows(
             f"create_many on {table.name!r} takes a list of dicts of column values, "
             f"got {type(rows).__name__}"
         )
-    columns = tuple(name for name, info in table.columns.items() if info.column is not None)
-    infos = [table.columns[name] for name in columns]
-    has_references = any(info.target is not None for info in infos)
-    ids: list[RowId] = []
-    described: list[tuple[str, dict[str, Any]]] = []
-    chunks: list[tuple[list[tuple[Any, ...]], list[tuple[bool, ...]]]] = [([], [])]
-    parameters = size = 0
-    identity = table.identity
-    for values in rows:
-        _check_mapping(table, values, "create_many")
-        row_params, looked_up, complete, row_size = _create_row(table, infos, values)
-        full = parameters + len(row_params) + 1 > CHUNK_PARAMETERS or size + row_size > CHUNK_BYTES
-        if full and chunks[-1][0]:
-            chunks.append(([], []))
-            parameters = size = 0
-        target = RowId(new_external_id(), 0, None, identity)
-        ids.append(target)
-        chunk_rows, chunk_lookups = chunks[-1]
-        chunk_rows.append((str(target), *row_params))
-        if has_references:
-            chunk_lookups.append(looked_up)
-        described.append((str(target), complete))
-        parameters += len(row_params) + 1
-        size += row_size
-    if not ids:
+    if not rows:
         return [], []
-    description: dict[str, Any] | None = {"op": "create_many", "rows": described}
+    infos = [info for info in table.columns.values() if info.column is not None]
+    columns = _fast_columns(table, infos, rows) or _checked_columns(table, infos, rows)
+    ids, external = _new_ids(len(rows), table)
+    width = len(infos) + 1
+    description: dict[str, Any] | None = {"ids": external, "values": columns.values}
     ops: list[MutationOp] = []
-    for chunk_rows, chunk_lookups in chunks:
-        ops.append(
-            _CreateRows(catalog, table, columns, chunk_rows, tuple(chunk_lookups), description)
+    for start, stop in _chunks(len(rows), width, columns.sizes):
+        params = list(
+            chain.from_iterable(
+                zip(external[start:stop], *(c[start:stop] for c in columns.params), strict=True)
+            )
         )
+        lookups = tuple(columns.lookups[start:stop])
+        names = tuple(info.name for info in infos)
+        ops.append(_CreateRows(catalog, table, names, params, lookups, description))
         description = None
     return ops, ids
+
+
+class _Columns:
+    """The rows of a ``create_many``, column by column: the values (defaults
+    filled in), their parameters; per row, which references are looked up by
+    external id (empty without references) and the bytes of its text and
+    binary values (None: all rows together fit in :data:`CHUNK_BYTES`)."""
+
+    def __init__(
+        self,
+        values: list[list[Any]],
+        params: list[list[Any]],
+        lookups: list[tuple[bool, ...]],
+        sizes: list[int] | None,
+    ) -> None:
+        self.values = values
+        self.params = params
+        self.lookups = lookups
+        self.sizes = sizes
+
+
+def _fast_columns(
+    table: TableInfo, infos: list[ColumnInfo], rows: Sequence[Any]
+) -> _Columns | None:
+    """The common case, column by column in comprehensions: dicts of
+    plain columns (no references) whose values all encode. None for anything
+    else, which :func:`_checked_columns` goes through row by row (and says
+    what is wrong)."""
+    if any(info.target is not None for info in infos) or set(map(type, rows)) != {dict}:
+        return None
+    names = {info.name for info in infos}
+    if not names.issuperset(set().union(*rows)):
+        return None  # a name that is no column of the table (a typo, say)
+    values: list[list[Any]] = []
+    params: list[list[Any]] = []
+    lengths: list[list[int]] = []
+    try:
+        for info in infos:
+            column = info.column
+            assert column is not None
+            encode = info.encode
+            col = [row.get(info.name, column.default) for row in rows]
+            encoded: list[Any]
+            if None in col:
+                if not column.nullable:
+                    return None
+                encoded = [None if value is None else encode(value) for value in col]
+            else:
+                encoded = list(map(encode, col))
+            values.append(col)
+            params.append(encoded)
+            lengths.append([len(p) if isinstance(p, _SIZED) else 0 for p in encoded])
+    except Exception:  # (a value that does not encode, or compares strangely with None)
+        return None
+    total = sum(map(sum, lengths))
+    sizes = None if total <= CHUNK_BYTES else [sum(row) for row in zip(*lengths, strict=True)]
+    return _Columns(values, params, [], sizes)
+
+
+_SIZED = (str, bytes)
+
+
+def _checked_columns(table: TableInfo, infos: list[ColumnInfo], rows: Sequence[Any]) -> _Columns:
+    """The rows checked one by one (:func:`_create_row`), as columns."""
+    checked = []
+    for values in rows:
+        _check_mapping(table, values, "create_many")
+        checked.append(_create_row(table, infos, values))
+    params, lookups, completes, sizes = zip(*checked, strict=True)
+    has_references = any(info.target is not None for info in infos)
+    return _Columns(
+        [list(col) for col in zip(*(c.values() for c in completes), strict=True)],
+        [list(col) for col in zip(*params, strict=True)],
+        list(lookups) if has_references else [],
+        list(sizes),
+    )
+
+
+def _chunks(count: int, width: int, sizes: list[int] | None) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each statement's rows: at most :data:`CHUNK_PARAMETERS`
+    parameters (``width`` per row) and :data:`CHUNK_BYTES` (``sizes``: per row)."""
+    most = max(1, CHUNK_PARAMETERS // width)
+    start = 0
+    while start < count:
+        stop = min(count, start + most)
+        if sizes is not None:
+            total = 0
+            for index in range(start, stop):
+                total += sizes[index]
+                if total > CHUNK_BYTES and index > start:
+                    stop = index
+                    break
+        yield start, stop
+        start = stop
+
+
+def _new_ids(count: int, table: TableInfo) -> tuple[list[RowId], list[str]]:
+    """``count`` new row ids (UUIDv7, as :func:`~aiofragno.schema.new_external_id`
+    makes them; their random bits drawn at once), as RowIds and as str."""
+    identity = table.identity
+    prefix = new_external_id()[:13] + "-7"  # the milliseconds, and the version nibble
+    noise = os.urandom(10 * count)
+    hexed = noise.hex()
+    # As new_external_id: the variant (0b10) in the top two bits of noise byte 2.
+    external = [
+        f"{prefix}{hexed[i * 20 + 1 : i * 20 + 4]}-{'89ab'[noise[i * 10 + 2] >> 6]}"
+        f"{hexed[i * 20 + 5 : i * 20 + 8]}-{hexed[i * 20 + 8 : i * 20 + 20]}"
+        for i in range(count)
+    ]
+    return [RowId(e, 0, None, identity) for e in external], external
 
 
 def _create_row(
@@ -236,7 +344,8 @@ def _create_row(
 ) -> tuple[list[Any], tuple[bool, ...], dict[str, Any], int]:
     """One row's parameters (column order), which of them are references
     looked up by external id, its values completed with defaults, and the
-    size of its text and binary values."""
+    size of its text and binary values; or the ValidationError saying what
+    is wrong with it."""
     params: list[Any] = []
     looked_up: list[bool] = []
     complete: dict[str, Any] = {}

@@ -39,8 +39,9 @@ from .compiling import Compiling, row_id
 from .expr import Expr, where_expr
 from .ops import (
     Check,
-    Find,
     MutationOp,
+    ReadRows,
+    RetrievalOp,
     _bind_value,
     _bind_values,
     _check_mapping,
@@ -85,9 +86,12 @@ class BulkWrite:
     def __init__(self, table: TableInfo) -> None:
         self.table = table
         self._ids: list[RowId | str] | None = None
+        self.read: _ReadTargets | None = None  # (by where: the read of its rows)
 
     @property
     def ids(self) -> list[RowId | str]:
+        if self._ids is None and self.read is not None:
+            return list(self.read.result)
         if self._ids is None:
             raise ValidationError(
                 f"the rows of this bulk write on {self.table.name!r} are not known yet: "
@@ -140,7 +144,7 @@ class _CreateRows(_Chunk):
         catalog: Catalog,
         table: TableInfo,
         columns: tuple[str, ...],
-        params: list[Any],
+        params: tuple[Any, ...],
         lookups: tuple[tuple[bool, ...], ...],
         description: dict[str, Any] | None,
     ) -> None:
@@ -152,7 +156,7 @@ class _CreateRows(_Chunk):
         self.row_lookups = lookups
         key = (table.name, "create_many", columns, count, lookups)
         text = cached_text(catalog, table, key, self.render)
-        self.query = CompiledQuery(text, tuple(params))
+        self.query = CompiledQuery(text, params)
 
     def render(self, ctx: Compiling) -> None:
         table = self.table
@@ -217,7 +221,7 @@ def create_rows(
     description: dict[str, Any] | None = {"ids": external, "values": columns.values}
     ops: list[MutationOp] = []
     for start, stop in _chunks(len(rows), width, columns.sizes):
-        params = list(
+        params = tuple(
             chain.from_iterable(
                 zip(external[start:stop], *(c[start:stop] for c in columns.params), strict=True)
             )
@@ -533,13 +537,44 @@ def _id_chunks(ids: Sequence[RowId | str], room: int) -> Iterator[Sequence[RowId
         yield ids[start : start + room]
 
 
+class _ReadTargets(ReadRows[list[RowId]]):
+    """The ids and versions of the rows matching ``where``, in creation
+    order: what an ``update_many`` or ``delete_many`` by ``where`` writes.
+    (Its rows start as a whole row's do — internal id, external id,
+    version — so it also reads them from a combined read's whole rows.)"""
+
+    def __init__(self, table: TableInfo, where: Expr | None) -> None:
+        super().__init__(table, where, None, None, None)
+
+    def shape(self) -> Any:
+        return ("targets", super().shape())
+
+    def render(self, ctx: Compiling) -> None:
+        if ctx.build_text:
+            quote = ctx.catalog.compiler.quote_identifier
+            ctx.text(
+                f"SELECT {self.table.internal_id}, t.{quote(EXTERNAL_ID)}, t.{quote(VERSION)} FROM "
+            )
+        self.render_from(ctx)
+
+    def compile(self, catalog: Catalog) -> CompiledQuery:
+        return compile_cached(catalog, self.table, self.shape(), self.render)
+
+    def accept(self, rows: Sequence[Sequence[Any]]) -> None:
+        identity = self.table.identity
+        self._result = [RowId(row[1], row[2], row[0], identity) for row in rows]
+
+    def empty(self) -> None:
+        self._result = []
+
+
 class PendingBulk(MutationOp):
     """An ``update_many`` or ``delete_many`` by ``where``, until the unit's
     retrieval has read its rows (:meth:`expand`)."""
 
     op = "bulk"
 
-    def __init__(self, write: BulkWrite, read: Find, build: Any) -> None:
+    def __init__(self, write: BulkWrite, read: _ReadTargets, build: Any) -> None:
         super().__init__(write.table, "<pending bulk write>")
         self.write = write
         self.read = read
@@ -547,8 +582,7 @@ class PendingBulk(MutationOp):
 
     def expand(self) -> list[MutationOp]:
         """The statements writing the rows read (see :func:`bulk_ops`)."""
-        rows = self.read.result
-        ops: list[MutationOp] = self.build([row[EXTERNAL_ID] for row in rows])
+        ops: list[MutationOp] = self.build(self.read.result)
         return ops
 
 
@@ -600,7 +634,7 @@ def queue_bulk(
     rows: Any,
     values: Any,
     check: Any,
-) -> tuple[BulkWrite, list[MutationOp], Find | None]:
+) -> tuple[BulkWrite, list[MutationOp], RetrievalOp[object] | None]:
     """An ``update_many`` (``values``) or ``delete_many`` (None): its
     handle, its statements when its rows are known (``rows=``), or else a
     :class:`PendingBulk` and the read of its rows."""
@@ -625,14 +659,13 @@ def queue_bulk(
             f"{what} on {table.name!r} needs where= (a dict or an af.c condition; "
             "af.ALL for every row of the table) or rows="
         )
-    condition = None if where is ALL else where
-    read = Find(table, condition, None, None, None)
+    condition = None if where is ALL else where_expr(where)
+    read = write.read = _ReadTargets(table, condition)
 
     def build(ids: list[RowId | str]) -> list[MutationOp]:
         ops = bulk_ops(catalog, write, checked_values, ids, check)
         if check:
-            where = read.where if read.equal is None else where_expr(read.equal)
-            match = _MatchCount(catalog, table, what, where, len(ids))
+            match = _MatchCount(catalog, table, what, condition, len(ids))
             ops.insert(0, match)
         return ops
 

@@ -45,7 +45,12 @@ async def test_create_update_delete_many(items: Env) -> None:
     ]
 
     async def update(uow: af.UnitOfWork) -> af.BulkWrite:
-        return uow.update_many("items", af.c.qty >= 2, {"tag": "big", "qty": 7})
+        # Read with another read (one combined statement on PostgreSQL).
+        written = uow.update_many("items", af.c.qty >= 2, {"tag": "big", "qty": 7})
+        first = uow.find_first("items", where={"name": "n0"})
+        await uow.retrieve()
+        assert first.result is not None and written.count == 3
+        return written
 
     written = await items.run(update)
     assert written.count == written.result == 3

@@ -81,11 +81,21 @@ async def test_create_update_delete_many(items: Env) -> None:
 async def test_statements_are_bounded_and_the_unit_stays_atomic(
     items: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A chunk limit of 9 parameters: 3 rows per INSERT, 7 ids per UPDATE.
+    # A chunk limit of 9 parameters: 2 rows per INSERT (4 parameters each),
+    # 6 ids per UPDATE; and of 45 bytes of text: a row with a long name alone.
     monkeypatch.setattr(bulk, "CHUNK_PARAMETERS", 9)
+    monkeypatch.setattr(bulk, "CHUNK_BYTES", 45)
     statements: list[af.CompiledQuery] = []
-    ids = await _seed(items, 10)
-    assert await items.count("items") == 10
+
+    async def seed(uow: af.UnitOfWork) -> list[af.RowId]:
+        rows = [{"name": f"n{i}", "qty": i} for i in range(10)]
+        return uow.create_many("items", [*rows[:4], {"name": "x" * 44, "qty": -1}, *rows[4:]])
+
+    ids = await items.run(seed, on_query=statements.append)
+    assert [len(query.parameters) // 4 for query in statements] == [2, 2, 1, 2, 2, 2]
+    await items.run(lambda uow: _delete_one(uow, ids[4]))
+    del ids[4]
+    statements.clear()
 
     async def update(uow: af.UnitOfWork) -> af.BulkWrite:
         return uow.update_many("items", af.ALL, {"qty": 5})
@@ -104,6 +114,10 @@ async def test_statements_are_bounded_and_the_unit_stays_atomic(
         await items.run(gone, retry=af.NoRetry())
     assert {qty for qty, _, version in (await _rows(items)).values()} == {5}
     assert await items.count("items") == 10
+
+
+async def _delete_one(uow: af.UnitOfWork, row_id: af.RowId) -> None:
+    uow.delete("items", row_id)
 
 
 async def test_checked_update_conflicts_when_a_matched_row_changed(items: Env) -> None:
@@ -308,3 +322,25 @@ async def test_hostile_input_is_refused_before_anything_is_written(make_env: Mak
         with pytest.raises(af.ValidationError, match=message):
             await env.run(unit)
     assert await env.snapshot() == before
+
+
+@pytest.mark.slow
+async def test_a_hundred_thousand_rows_in_one_unit(items: Env, target: Target) -> None:
+    if target.dialect != "postgresql" or target.runtime != "asyncio":
+        pytest.skip("a load test: PostgreSQL under asyncio only")
+    ids = await _seed(items, 100_000)
+
+    async def update(uow: af.UnitOfWork) -> af.BulkWrite:
+        return uow.update_many("items", af.c.qty >= 0, {"tag": "all"}, check=True)
+
+    assert (await items.run(update)).ids == ids
+    assert (
+        await items.db.fetch_value(
+            af.sql(
+                "SELECT count(*) FROM {t} WHERE {v} = 1",
+                t=items.ident("items"),
+                v=af.Identifier("_version"),
+            )
+        )
+        == 100_000
+    )

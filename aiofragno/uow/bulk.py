@@ -340,10 +340,11 @@ def _new_ids(count: int, table: TableInfo) -> tuple[list[RowId], list[str]]:
     noise = os.urandom(10 * count)
     hexed = noise.hex()
     # As new_external_id: the variant (0b10) in the top two bits of noise byte 2.
+    variants = ["89ab"[byte >> 6] for byte in noise[2::10]]
+    pieces = [hexed[i : i + 20] for i in range(0, 20 * count, 20)]
     external = [
-        f"{prefix}{hexed[i * 20 + 1 : i * 20 + 4]}-{'89ab'[noise[i * 10 + 2] >> 6]}"
-        f"{hexed[i * 20 + 5 : i * 20 + 8]}-{hexed[i * 20 + 8 : i * 20 + 20]}"
-        for i in range(count)
+        f"{prefix}{r[1:4]}-{variant}{r[5:8]}-{r[8:]}"
+        for r, variant in zip(pieces, variants, strict=True)
     ]
     return [RowId(e, 0, None, identity) for e in external], external
 

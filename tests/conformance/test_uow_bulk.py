@@ -7,6 +7,7 @@ written, and hostile input refused before anything is written."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,6 +40,7 @@ async def _seed(env: Env, n: int) -> list[af.RowId]:
 async def test_create_update_delete_many(items: Env) -> None:
     ids = await _seed(items, 5)
     assert len(set(ids)) == 5
+    assert {(uuid.UUID(i).version, uuid.UUID(i).variant) for i in ids} == {(7, uuid.RFC_4122)}
     found = await items.find("items")
     assert [(row["id"], row["name"], row["qty"], row["tag"]) for row in found] == [
         (ids[i], f"n{i}", i, None) for i in range(5)

@@ -455,7 +455,10 @@ def _render_ids(ctx: Compiling, ids: Sequence[Any]) -> None:
 class _RowsAt(Check):
     """A conflict unless every row of ``ids`` is there (and, ``versions``
     given, their versions add up to it): run after the chunk's write, whose
-    row locks keep it true until COMMIT."""
+    row locks keep it true until COMMIT. Alone in its statement: in a WITH
+    it would not see the writes of the other parts."""
+
+    alone = True
 
     def __init__(
         self,
@@ -494,7 +497,10 @@ class _RowsAt(Check):
 class _MatchCount(Check):
     """A conflict unless exactly ``count`` rows match ``where``: before the
     call's writes, so that a row matching it that appeared since the unit's
-    retrieval makes the unit run again."""
+    retrieval makes the unit run again. Alone in its statement, as
+    :class:`_RowsAt`."""
+
+    alone = True
 
     def __init__(
         self, catalog: Catalog, table: TableInfo, what: str, where: Expr | None, count: int

@@ -27,7 +27,7 @@ from ..driver import CompiledQuery, DialectAdapter, QueryCompiler, QueryResult
 from ..settings_table import SETTINGS_TABLE
 from ..sql import Fragment, Identifier, Unbound, sql, sql_using
 from ..sqltext import SqlText
-from ..tagged_json import dump_tagged, tag
+from ..tagged_json import _SAFE_INT, dump_tagged, tag
 from .tables import OUTBOX_ID, VERSION_KEY
 
 if TYPE_CHECKING:
@@ -304,6 +304,30 @@ def stored_values(
             ref_map[f"{prefix}{column}"] = str(value)
         stored[column] = _payload_value(info.kind, value)
     return stored
+
+
+def stored_column(
+    table: TableInfo, column: str, values: list[Any], ref_map: dict[str, str], prefix: str
+) -> list[Any]:
+    """The ``values`` of one column in many rows, each as :func:`stored_values`
+    stores it; the references go into ``ref_map`` as
+    ``<prefix><row position>.<column>``."""
+    info = table.columns[column]
+    kind = info.kind
+    if info.target is not None:
+        for position, value in enumerate(values):
+            if value is not None:
+                ref_map[f"{prefix}{position}.{column}"] = str(value)
+    # (The common exact types inline, as _payload_value would store them.)
+    ints = kind != "decimal"
+    return [
+        value
+        if value is None
+        or type(value) is str
+        or (ints and type(value) is int and -_SAFE_INT < value < _SAFE_INT)
+        else _payload_value(kind, value)
+        for value in values
+    ]
 
 
 def describe(

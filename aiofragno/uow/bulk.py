@@ -32,7 +32,7 @@ from typing import Any
 from ..brief import brief
 from ..driver import CompiledQuery
 from ..errors import ValidationError
-from ..outbox.writer import stored_values
+from ..outbox.writer import stored_column, stored_values
 from ..schema import EXTERNAL_ID, VERSION, RowId, new_external_id
 from .catalog import Catalog, ColumnInfo, TableInfo
 from .compiling import Compiling, row_id
@@ -187,20 +187,18 @@ class _CreateRows(_Chunk):
 
     def describe(self, entry: dict[str, Any], index: int, ref_map: dict[str, str]) -> None:
         assert self.description is not None
-        columns = self.columns
         entry.pop("external_id")
         entry["op"] = "create_many"
-        rows = zip(*self.description["values"], strict=True)
+        ids = self.description["ids"]
+        # Column by column, as stored_values would tag them row by row.
+        stored = [
+            stored_column(self.table, name, values, ref_map, f"{index}.")
+            for name, values in zip(self.columns, self.description["values"], strict=True)
+        ]
+        columns = self.columns
         entry["rows"] = [
-            {
-                "external_id": external_id,
-                "values": stored_values(
-                    self.table, dict(zip(columns, values, strict=True)), ref_map, f"{index}.{i}."
-                ),
-            }
-            for i, (external_id, values) in enumerate(
-                zip(self.description["ids"], rows, strict=True)
-            )
+            {"external_id": external_id, "values": dict(zip(columns, values, strict=True))}
+            for external_id, values in zip(ids, zip(*stored, strict=True), strict=True)
         ]
 
 

@@ -16,7 +16,7 @@ import pytest
 import aiofragno as af
 import aiofragno.uow.bulk as bulk
 from tests.conformance.namespaces import new_namespace
-from tests.conformance.uow_env import ITEMS, SHOP, Env, MakeEnv, drop_namespace
+from tests.conformance.uow_env import ITEMS, SHOP, Env, MakeEnv, Unit, drop_namespace
 from tests.conformance.uow_env import stale as stale_row
 from tests.conftest import Target
 
@@ -227,9 +227,31 @@ async def outbox_items(url: str, target: Target) -> AsyncIterator[Env]:
         await drop_namespace(odb, ITEMS, env.namespace)
 
 
+async def _entry(env: Env, unit: Unit) -> tuple[Any, af.OutboxEntry]:
+    """What ``unit`` returns, and its outbox entry (found by the
+    versionstamp the counter strategy gives it at commit)."""
+    units: list[af.UnitOfWork] = []
+
+    async def run(uow: af.UnitOfWork) -> Any:
+        units.append(uow)
+        return await unit(uow)
+
+    value = await env.run(run)
+    stamp = units[-1].versionstamp
+    assert stamp is not None
+    before = f"{int(stamp, 16) - 1:024x}"
+    [entry] = await env.db.outbox.list(after=before, limit=1)
+    assert entry.versionstamp == stamp
+    return value, entry
+
+
 async def test_outbox_entry_lists_every_row_written(outbox_items: Env) -> None:
     env = outbox_items
-    ids = await _seed(env, 3)
+
+    async def seed(uow: af.UnitOfWork) -> list[af.RowId]:
+        return uow.create_many("items", [{"name": f"n{i}", "qty": i} for i in range(3)])
+
+    ids, created = await _entry(env, seed)
     [read] = await env.find("items", where={"name": "n2"})
 
     # A stale checked bulk write stops the phase (each plan, with its entry):
@@ -245,26 +267,21 @@ async def test_outbox_entry_lists_every_row_written(outbox_items: Env) -> None:
         uow.update_many("items", rows=[read], values={"tag": "x", "qty": 9}, check=True)
         uow.delete_many("items", af.c.qty < 2)
 
-    await env.run(unit)
-    entries = [
-        entry
-        for entry in await env.db.outbox.list()
-        if entry.payload["mutations"][0]["namespace"] == env.namespace
-    ]
-    created, written = (entry.payload["mutations"] for entry in entries)
+    _, written = await _entry(env, unit)
+    assert int(written.versionstamp[:20], 16) == int(created.versionstamp[:20], 16) + 1
     common = {"schema": "items", "namespace": env.namespace, "table": "items"}
-    [one] = created
+    [one] = created.payload["mutations"]
     assert one == {
         "op": "create_many",
         **common,
-        "versionstamp": one["versionstamp"],
+        "versionstamp": created.versionstamp,
         "rows": [
             {"external_id": str(ids[i]), "values": {"name": f"n{i}", "qty": i, "tag": None}}
             for i in range(3)
         ],
     }
-    stamp = entries[1].versionstamp[:20]
-    assert written == [
+    stamp = written.versionstamp[:20]
+    assert written.payload["mutations"] == [
         {
             "op": "update_many",
             **common,
@@ -279,6 +296,21 @@ async def test_outbox_entry_lists_every_row_written(outbox_items: Env) -> None:
             "versionstamp": f"{stamp}0001",
             "external_ids": [str(ids[0]), str(ids[1])],
         },
+    ]
+
+    # create_many stores a row's values as create does (big ints tagged, ...).
+    big = {"name": "big", "qty": 2**60, "tag": "\u00e9"}
+
+    async def both(uow: af.UnitOfWork) -> None:
+        uow.create("items", big)
+        uow.create_many("items", [big, {"name": "small", "qty": -(2**53)}])
+
+    _, last = await _entry(env, both)
+    single, many = last.payload["mutations"]
+    assert single["values"] == big
+    assert [row["values"] for row in many["rows"]] == [
+        big,
+        {"name": "small", "qty": -(2**53), "tag": None},
     ]
 
 

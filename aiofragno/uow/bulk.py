@@ -477,11 +477,14 @@ class _RowsAt(Check):
 
     def render(self, ctx: Compiling) -> None:
         version = ctx.catalog.compiler.quote_identifier(VERSION)
+        # A locking read: it reads the rows as they are now (MySQL's plain
+        # reads keep to the transaction's first snapshot).
         ctx.text(
-            f"SELECT 1 FROM (SELECT count(*) AS n, sum({version}) AS s FROM {self.table.sql_name}"
+            f"SELECT 1 FROM (SELECT count(*) AS n, sum(r.{version}) AS s FROM "
+            f"(SELECT {version} FROM {self.table.sql_name}"
         )
         _render_ids(ctx, self.ids)
-        ctx.text(") c WHERE c.n = ")
+        ctx.text(f"{ctx.catalog.adapter.sql.row_share_lock}) r) c WHERE c.n = ")
         ctx.raw_value(len(self.ids))
         if self.versions is not None:
             ctx.text(" AND c.s = ")
@@ -511,11 +514,15 @@ class _MatchCount(Check):
         self.query = compile_cached(catalog, table, shape, self.render)
 
     def render(self, ctx: Compiling) -> None:
-        ctx.text(f"SELECT 1 FROM (SELECT count(*) AS n FROM {self.table.sql_name} t")
+        # A locking read, as _RowsAt's (on MySQL it also keeps new matching
+        # rows out until COMMIT).
+        ctx.text(
+            f"SELECT 1 FROM (SELECT count(*) AS n FROM (SELECT 1 AS x FROM {self.table.sql_name} t"
+        )
         if self.where is not None:
             ctx.text(" WHERE ")
             self.where.render(ctx)
-        ctx.text(") c WHERE c.n = ")
+        ctx.text(f"{ctx.catalog.adapter.sql.row_share_lock}) r) c WHERE c.n = ")
         ctx.raw_value(self.count)
 
     def stale(self) -> str:

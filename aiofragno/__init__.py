@@ -58,6 +58,8 @@ from .stats import Stats
 from .streaming import Rows
 from .transaction import Transaction
 from .uow import (
+    ALL,
+    BulkWrite,
     ExponentialBackoff,
     FindResult,
     NoRetry,
@@ -75,9 +77,11 @@ from .url import ConnectOptions
 __version__ = "0.1.0"
 
 __all__ = [
+    "ALL",
     "AlreadyApplied",
     "BackendNotInstalled",
     "BrokerSink",
+    "BulkWrite",
     "CheckViolation",
     "Column",
     "CommitOutcomeUnknown",

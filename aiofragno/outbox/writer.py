@@ -25,11 +25,11 @@ from ..driver import CompiledQuery, DialectAdapter, QueryCompiler, QueryResult
 from ..settings_table import SETTINGS_TABLE
 from ..sql import Fragment, Identifier, Unbound, sql, sql_using
 from ..sqltext import SqlText, SqlTextWriter
-from ..tagged_json import dump_tagged, tag
+from ..tagged_json import _SAFE_INT, dump_tagged, tag
 from .tables import OUTBOX_ID, UNIT_KEYS_ID, VERSION_KEY
 
 if TYPE_CHECKING:
-    from ..uow.catalog import ColumnInfo
+    from ..uow.catalog import ColumnInfo, TableInfo
     from ..uow.ops import MutationOp
 
 _RESERVE = {
@@ -351,6 +351,23 @@ def _payload_value(info: ColumnInfo, value: Any) -> Any:
 _NOT_INT = frozenset({"decimal", "float"})  # (an int given is stored as another type)
 
 
+def _head(
+    op: MutationOp, kind: str, external_id: str, where: tuple[str, str, str], index: int
+) -> dict[str, Any]:
+    """What every mutation of the payload says: ``kind`` (create, update,
+    delete) of the row ``external_id`` of ``op``'s table in ``where``
+    (schema, namespace, versionstamps' first 20 hex digits)."""
+    schema, namespace, version = where
+    return {
+        "op": kind,
+        "schema": schema,
+        "namespace": namespace,
+        "table": op.table.name,
+        "external_id": external_id,
+        "versionstamp": f"{version}{index:04x}",
+    }
+
+
 def _mutation(
     op: MutationOp,
     kind: str,
@@ -360,34 +377,59 @@ def _mutation(
     index: int,
     ref_map: dict[str, str],
 ) -> dict[str, Any]:
-    """One mutation of the payload: ``kind`` (create, update, delete) of
-    the row ``external_id`` in ``where`` (schema, namespace, versionstamps'
-    first 20 hex digits) and, for a create or an update, its ``values``
-    (as "values" or "set"); the references among them go into ``ref_map``."""
-    schema, namespace, version = where
-    entry: dict[str, Any] = {
-        "op": kind,
-        "schema": schema,
-        "namespace": namespace,
-        "table": op.table.name,
-        "external_id": external_id,
-        "versionstamp": f"{version}{index:04x}",
-    }
+    """One mutation of the payload (:func:`_head`) and, for a create or an
+    update, its ``values`` (as "values" or "set"); the references among
+    them go into ``ref_map``."""
+    entry = _head(op, kind, external_id, where, index)
     if values is not None:
-        columns = op.table.columns
-        stored: dict[str, Any] = {}
-        for column, value in values.items():
-            info = columns[column]
-            if value is None:
-                stored[column] = None
-                continue
-            if info.target is not None:
-                ref_map[f"{index}.{column}"] = str(value)
-            stored[column] = _payload_value(info, value)
+        stored = stored_values(op.table, values, ref_map, f"{index}.")
         entry["values" if kind == "create" else "set"] = stored
     if op.checked:
         entry["check_version"] = tag(getattr(op.target, "version", None))
     return entry
+
+
+def stored_values(
+    table: TableInfo, values: dict[str, Any], ref_map: dict[str, str], prefix: str
+) -> dict[str, Any]:
+    """``values`` of ``table``'s columns as the payload holds them, tagged
+    for JSON; each reference also goes into ``ref_map`` as
+    ``<prefix><column>``."""
+    columns = table.columns
+    stored: dict[str, Any] = {}
+    for column, value in values.items():
+        info = columns[column]
+        if value is None:
+            stored[column] = None
+            continue
+        if info.target is not None:
+            ref_map[f"{prefix}{column}"] = str(value)
+        stored[column] = _payload_value(info, value)
+    return stored
+
+
+def stored_column(
+    table: TableInfo, column: str, values: list[Any], ref_map: dict[str, str], prefix: str
+) -> list[Any]:
+    """The ``values`` of one column in many rows, each as :func:`stored_values`
+    stores it; the references go into ``ref_map`` as
+    ``<prefix><row position>.<column>``."""
+    info = table.columns[column]
+    kind = info.kind
+    if info.target is not None:
+        for position, value in enumerate(values):
+            if value is not None:
+                ref_map[f"{prefix}{position}.{column}"] = str(value)
+    # (The common exact types inline, as _payload_value would store them.)
+    ints = kind not in _NOT_INT
+    return [
+        value
+        if value is None
+        or type(value) is str
+        or (ints and type(value) is int and -_SAFE_INT < value < _SAFE_INT)
+        else _payload_value(info, value)
+        for value in values
+    ]
 
 
 def describe(
@@ -415,6 +457,12 @@ def describe(
     where = (schema, namespace, version)
     for op in ops:
         index = len(mutations)
+        describe_self = op.describe
+        if describe_self is not None:  # a bulk write (uow.bulk) says what it wrote
+            entry = _head(op, op.op, str(op.target), where, index)
+            describe_self(entry, index, ref_map)
+            mutations.append(entry)
+            continue
         values = getattr(op, "values", None)
         if op.op != "upsert" or outcomes is None:
             mutations.append(_mutation(op, op.op, str(op.target), values, where, index, ref_map))

@@ -3,6 +3,7 @@ applies every write in one transaction with optimistic-concurrency checks,
 retried as a whole on conflict."""
 
 from .aggregates import Aggregate, AggregateFn, fn
+from .bulk import ALL, BulkWrite
 from .executor import UowHooks, execute_uow
 from .expr import Col, Expr, c
 from .joins import Many, One, many, one
@@ -12,8 +13,10 @@ from .unit import UnitOfWork
 from .upsert import Upserted
 
 __all__ = [
+    "ALL",
     "Aggregate",
     "AggregateFn",
+    "BulkWrite",
     "Col",
     "ExponentialBackoff",
     "Expr",

@@ -161,7 +161,7 @@ def _writes(ops: Sequence[MutationOp]) -> bool:
 def _outbox_writes(ops: Sequence[MutationOp]) -> list[MutationOp]:
     """The writes of ``ops`` that go into an outbox entry: not checks, and
     not to tables declared with ``outbox=False``."""
-    return [op for op in ops if not op.is_read and op.table.table.outbox]
+    return [op for op in ops if not op.is_read and op.in_outbox and op.table.table.outbox]
 
 
 def _entry_values(
@@ -241,6 +241,7 @@ async def execute_uow(
             try:
                 try:
                     value = await fn(uow)
+                    await uow.settle_bulk()
                     if dry_run or not uow.mutations:
                         _without_writes(db, uow, dry_run, on_query)
                         return value

@@ -506,6 +506,10 @@ class MutationOp:
     runs_alone: bool = False
     # Takes its statement's result (:meth:`take`) once the phase ran it.
     wants_result: bool = False
+    # Whether it has an entry of its own in the outbox payload, and
+    # (describe) writes that entry itself (bulk writes, .bulk).
+    in_outbox: bool = True
+    describe: Callable[[dict[str, Any], int, dict[str, str]], None] | None = None
     # Writes the operation's statement (its text only where the Compiling
     # builds it). (Not an ABC's abstract method: isinstance() with an ABC
     # costs ~0.1 us more, several times per operation.)

@@ -10,6 +10,7 @@ from ..driver import CompiledQuery, QueryResult
 from ..errors import ValidationError
 from ..schema import RowId
 from .aggregates import Aggregate, AggregateFn
+from .bulk import All, BulkWrite, create_rows, expand, queue_bulk
 from .catalog import Catalog
 from .combine_reads import combine_reads, split_reads
 from .expr import Expr
@@ -53,6 +54,7 @@ class UnitOfWork:
         # Unique indexes whose violations make this unit a conflict.
         self.unique_conflicts = UniqueConflicts(catalog)
         self._upserts: list[Upserted] = []
+        self._pending_bulk = False  # a bulk write waits for its rows (settle_bulk)
         # The outbox entry's versionstamp once the mutation phase committed.
         self.versionstamp: str | None = None
 
@@ -201,6 +203,63 @@ class UnitOfWork:
     def delete(self, table: str, row_id: RowId | str, *, check: bool = False) -> None:
         """Delete the row (``check=True``: only at ``row_id.version``)."""
         self.mutations.append(Delete(self._catalog, self._catalog.table(table), row_id, check))
+
+    def create_many(self, table: str, rows: Sequence[Mapping[str, Any]]) -> list[RowId]:
+        """Insert ``rows`` (each checked like :meth:`create`) with multi-row
+        INSERTs of bounded size; returns their new ids, in order."""
+        ops, ids = create_rows(self._catalog, self._catalog.table(table), rows)
+        self.mutations += ops
+        return ids
+
+    def update_many(
+        self,
+        table: str,
+        where: Where | All = None,
+        values: Mapping[str, Any] | None = None,
+        *,
+        rows: Sequence[Any] | None = None,
+        check: bool = False,
+    ) -> BulkWrite:
+        """Set ``values`` on every row matching ``where`` (``af.ALL``: every
+        row) as the unit's retrieval reads them, or on ``rows`` (rows or ids
+        read earlier); bumps each one's version. A row gone by the mutation
+        phase makes the unit conflict. ``check=True``: also if one of them
+        changed, or (``where``) another row now matches. See
+        docs/units-of-work.md, "Bulk writes"."""
+        if values is None:
+            raise ValidationError(f"update_many on {table!r} needs values= (the columns to set)")
+        return self._bulk(table, where, rows, values, check)
+
+    def delete_many(
+        self,
+        table: str,
+        where: Where | All = None,
+        *,
+        rows: Sequence[Any] | None = None,
+        check: bool = False,
+    ) -> BulkWrite:
+        """Delete every row matching ``where`` (``af.ALL``: every row) as the
+        unit's retrieval reads them, or ``rows``; conflicts like
+        :meth:`update_many`."""
+        return self._bulk(table, where, rows, None, check)
+
+    def _bulk(self, table: str, where: Any, rows: Any, values: Any, check: Any) -> BulkWrite:
+        write, ops, read = queue_bulk(
+            self._catalog, self._catalog.table(table), where, rows, values, check
+        )
+        if read is not None:
+            self._reads.append(read)
+            self._pending_bulk = True
+        self.mutations += ops
+        return write
+
+    async def settle_bulk(self) -> None:
+        """Before the mutation phase: read the rows of the bulk writes by
+        ``where`` if the unit has not, and queue their statements."""
+        if self._pending_bulk:
+            await self.retrieve()
+            self.mutations = expand(self.mutations)
+            self._pending_bulk = False
 
     def check(self, table: str, row_id: RowId) -> None:
         """Conflict unless the row still exists at ``row_id.version``."""

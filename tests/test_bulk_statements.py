@@ -37,7 +37,7 @@ def test_bulk_statements_are_bounded_and_run_alone(dialect: str) -> None:
     ops = uow.mutations
     assert max(len(op.query.parameters) for op in ops) <= bulk.CHUNK_PARAMETERS
     runs = groups(ops)
-    assert all(len(run) == 1 for run in runs if any(op.alone for op in run))
+    assert all(len(run) == 1 for run in runs if any(op.runs_alone for op in run))
     assert not combinable(ops)
     # Per 1,998 ids an UPDATE and its check; the delete: bump, check, delete.
     assert sum(op.alone for op in ops) == 1 + 3 * 2 + 3

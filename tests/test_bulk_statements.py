@@ -40,7 +40,7 @@ def test_bulk_statements_are_bounded_and_run_alone(dialect: str) -> None:
     assert all(len(run) == 1 for run in runs if any(op.runs_alone for op in run))
     assert not combinable(ops)
     # Per 1,998 ids an UPDATE and its check; the delete: bump, check, delete.
-    assert sum(op.alone for op in ops) == 1 + 3 * 2 + 3
+    assert sum(op.runs_alone for op in ops) == 1 + 3 * 2 + 3
     # One mutation per call in the outbox: create, create_many, update_many,
     # delete_many, update.
     assert sum(op.in_outbox for op in ops if op.op != "check") == 5

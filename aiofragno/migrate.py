@@ -27,15 +27,17 @@ or a default holding ``%``, ``$1`` or ``?`` is stored exactly as declared.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from . import migration_lock, ownership
+from . import internal_columns, migration_lock, ownership
 from .codec import ValueCodec
 from .driver import CompiledQuery, DdlSpec, QueryCompiler
 from .errors import Error, LockTimeout, MigrationError
+from .introspection import Inspector, LiveTable
 from .naming import Layout, PhysicalTable
 from .outbox import tables as outbox_tables
 from .schema import (
@@ -47,12 +49,23 @@ from .schema import (
     Reference,
     tables_in_dependency_order,
 )
+from .schema_diff import (
+    Differ,
+    Difference,
+    MissingColumn,
+    MissingIndex,
+    MissingInternalColumn,
+    MissingTable,
+    blocking,
+)
 from .settings_table import SETTINGS_TABLE as SETTINGS_TABLE
 from .settings_table import read_setting, write_setting
 from .sql import Identifier, sql, sql_using
 
 if TYPE_CHECKING:
     from .session import Session
+
+logger = logging.getLogger("aiofragno")
 
 
 @dataclass
@@ -63,6 +76,15 @@ class MigrationResult:
     namespace: str
     version: int
     statements: list[str] = field(default_factory=list)
+    # How the database differed from the declaration before the migration
+    # (:mod:`aiofragno.schema_diff`): what it added, and what it left
+    # because it is safe to leave (each also logged as a warning).
+    differences: list[Difference] = field(default_factory=list)
+
+    @property
+    def left(self) -> list[Difference]:
+        """The differences the migration reported and left as they are."""
+        return [d for d in self.differences if not d.additive]
 
     @property
     def changed(self) -> bool:
@@ -187,37 +209,34 @@ class Migrator:
         if not dry_run:
             await self.session.execute(CompiledQuery(self.ddl.escape(statement)))
 
-    async def columns(self, physical: PhysicalTable) -> set[str]:
-        """The columns ``physical`` has in the database (none: no such table)."""
-        spec = self.ddl.spec
-        return await self.fetch_names(spec.columns_sql, schema=physical.schema, table=physical.name)
-
     async def plan_table(
-        self, physical: PhysicalTable, columns: set[str], *, dry_run: bool
+        self,
+        physical: PhysicalTable,
+        live: LiveTable | None,
+        differences: list[Difference],
+        *,
+        dry_run: bool,
     ) -> None:
-        spec = self.ddl.spec
+        """Apply the additive ``differences`` of ``physical`` from ``live``."""
         table = physical.table
-        if not columns:
+        kinds = {type(d) for d in differences}
+        fresh = MissingTable in kinds
+        if fresh:
             await self.run(self.ddl.create_table(physical, self.layout), dry_run=dry_run)
-            existing_indexes: set[str] = set()
-        else:
-            for column in table.columns.values():
-                if column.name not in columns:
-                    await self.add_column(physical, column, dry_run=dry_run)
-            existing_indexes = await self.fetch_names(
-                spec.indexes_sql, schema=physical.schema, table=physical.name
-            )
+        elif MissingInternalColumn in kinds:
+            assert live is not None
+            # (A rebuilt table is created from the declaration, without indexes.)
+            fresh = await internal_columns.heal(self, physical, live, dry_run=dry_run)
+        missing = {str(d.name) for d in differences if isinstance(d, MissingColumn)}
+        for column in table.columns.values():
+            if not fresh and column.name in missing:
+                await self.add_column(physical, column, dry_run=dry_run)
+        unindexed = {str(d.name) for d in differences if isinstance(d, MissingIndex)}
         for index in table.indexes.values():
-            if self.layout.index_name(table.name, index.name) not in existing_indexes:
+            if fresh or index.name in unindexed:
                 await self.run(self.ddl.create_index(physical, index, self.layout), dry_run=dry_run)
 
     async def add_column(self, physical: PhysicalTable, column: Column, *, dry_run: bool) -> None:
-        if not column.nullable and column.default is None:
-            raise MigrationError(
-                f"cannot add column {column.name!r} to table {physical.table.name!r}: it is NOT NULL "
-                "without a default, and existing rows would have no value; give it a default or "
-                "make it nullable"
-            )
         for statement in self.ddl.add_column(physical, column, self.layout):
             await self.run(statement, dry_run=dry_run)
         if column.default is not None and self.ddl.default(column) is None and not dry_run:
@@ -252,13 +271,16 @@ async def migrate(
     *,
     dry_run: bool,
     lock_timeout: float,
+    adopt: bool = False,
 ) -> MigrationResult:
     """Bring the database in line with ``layout`` on ``session`` (see the module
     docstring). The caller provides the session and ends its transaction."""
     spec = ddl.spec
     async with migration_lock.held(session, compile, spec, lock_timeout):
         try:
-            return await _migrate(session, compile, layout, ddl, codec, dry_run=dry_run)
+            return await _migrate(
+                session, compile, layout, ddl, codec, dry_run=dry_run, adopt=adopt
+            )
         except MigrationError:
             raise
         except LockTimeout as exc:
@@ -268,31 +290,91 @@ async def migrate(
 
 
 async def _migrate(
-    session: Session, compile: Any, layout: Layout, ddl: Ddl, codec: ValueCodec, *, dry_run: bool
+    session: Session,
+    compile: Any,
+    layout: Layout,
+    ddl: Ddl,
+    codec: ValueCodec,
+    *,
+    dry_run: bool,
+    adopt: bool,
 ) -> MigrationResult:
     spec = ddl.spec
     migrator = Migrator(session, compile, layout, ddl, codec)
+    inspector = Inspector(session, compile, spec)
     settings = await migrator.fetch_names(spec.columns_sql, schema=None, table=SETTINGS_TABLE)
+    tables = [layout.table(table.name) for table in tables_in_dependency_order(layout.schema)]
+    live = {
+        physical.table.name: await inspector.table(physical.schema, physical.name)
+        for physical in tables
+    }
+    # Before anything is changed: a table of another's is never touched, and
+    # a change migrate() does not make on its own is reported, all at once.
+    pending = await ownership.check(
+        session,
+        compile,
+        spec,
+        layout,
+        {name: set() if t is None else {c.name for c in t.columns} for name, t in live.items()},
+        recorded=bool(settings),
+        adopt=adopt,
+    )
+    differ = Differ(
+        layout,
+        dict(spec.types),
+        inspector.type_map,
+        inspector.catalog,
+        default_literal=ddl.default,
+        backslash_escapes=spec.backslash_escapes,
+    )
+    differences = {p.table.name: differ.diff_table(p, live[p.table.name]) for p in tables}
+    found = [d for per_table in differences.values() for d in per_table]
+    _refuse_drift(layout, found)
+    for difference in found:
+        if not difference.additive:
+            logger.warning(
+                "migrating namespace %r, left as it is: %s", layout.namespace, difference
+            )
     if not settings:
         await migrator.run(settings_table_sql(ddl), dry_run=dry_run)
     await _internal_tables(migrator, dry_run=dry_run)
-    tables = list(tables_in_dependency_order(layout.schema))
-    columns = {table.name: await migrator.columns(layout.table(table.name)) for table in tables}
-    # Before anything is changed: a table of another's is never touched.
-    pending = await ownership.check(
-        session, compile, spec, layout, columns, recorded=bool(settings)
-    )
     for db_schema in layout.db_schemas:
         if spec.create_schema_sql and not await _schema_exists(migrator, db_schema):
             statement = spec.create_schema_sql.replace("{schema}", ddl.name(Identifier(db_schema)))
             await migrator.run(statement, dry_run=dry_run)
-    for table in tables:
-        await migrator.plan_table(layout.table(table.name), columns[table.name], dry_run=dry_run)
+    for physical in tables:
+        name = physical.table.name
+        await migrator.plan_table(physical, live[name], differences[name], dry_run=dry_run)
     if not dry_run:
         await ownership.record(session, compile, pending)
-    return await _record_version(
+    result = await _record_version(
         migrator, has_settings=bool(settings) or not dry_run, dry_run=dry_run
     )
+    result.differences = found
+    return result
+
+
+def _refuse_drift(layout: Layout, differences: list[Difference]) -> None:
+    """:class:`MigrationError` listing every difference migrate() does not
+    apply on its own, and every column it cannot add."""
+    problems = [str(d) for d in blocking(differences)]
+    for d in differences:
+        column = layout.table(d.table).table.columns.get(str(d.name))
+        unaddable = column is not None and not column.nullable and column.default is None
+        if isinstance(d, MissingColumn) and column is not None and unaddable:
+            problems.append(
+                f"cannot add column {column.name!r} to table {d.table!r}: it is NOT NULL "
+                "without a default, and existing rows would have no value; give it a "
+                "default or make it nullable"
+            )
+    if problems:
+        listed = "\n  ".join(problems)
+        raise MigrationError(
+            f"namespace {layout.namespace!r}: the database differs from the declaration in "
+            f"ways migrate() does not change on its own, so nothing was changed:\n  {listed}\n"
+            "Change the declaration back, or change the database by hand (keeping the data "
+            "you need), then migrate again."
+        )
 
 
 async def _internal_tables(migrator: Migrator, *, dry_run: bool) -> None:

@@ -1,11 +1,19 @@
 """Migrations: make the database match a :class:`~aiofragno.Schema`.
 
 ``await db.migrate(schema)`` compares the declaration with what the database
-has (by introspection, every time) and adds what is missing: the internal
-settings table, database schemas, tables, columns and indexes. It never drops
-or alters anything that exists, so a later version of a schema migrates
-forward with its data kept, and a column dropped by hand is added again
-(self-healing). It is idempotent, holds a migration lock (PostgreSQL advisory
+has (:mod:`aiofragno.introspection`, every time; the comparison is
+:mod:`aiofragno.schema_diff`) and adds what is missing: the internal
+settings table, database schemas, tables, columns and indexes, and the
+internal columns of a table that lost them (:mod:`aiofragno.internal_columns`).
+It never drops or alters anything that exists, so a later version of a schema
+migrates forward with its data kept, and a column dropped by hand is added
+again (self-healing). Every other difference is reported before anything
+runs: one that would make reads or writes fail (a retyped, re-nulled or
+removed NOT NULL column, a changed index or reference) raises
+:class:`~aiofragno.errors.MigrationError` listing them all; one that is safe to
+leave (a changed default, a removed nullable column, a plain index no longer
+declared) is logged as a warning and listed in
+:attr:`MigrationResult.differences`. It is idempotent, holds a migration lock (PostgreSQL advisory
 lock, MySQL ``GET_LOCK``, SQLite's write lock) so concurrent migrators run one
 after the other, and runs in one transaction where the database has
 transactional DDL (PostgreSQL, SQLite). On MySQL each DDL statement commits on
@@ -19,7 +27,7 @@ The settings table ``fragno_db_settings`` records ``<namespace>.schema_version``
 (bumped whenever the declaration changes), ``<namespace>.schema_hash``, and
 which declared table each physical table is (:mod:`aiofragno.ownership`):
 before changing anything, a migration refuses a table that belongs to another
-namespace's table or is not aiofragno's.
+namespace's table or is not aiofragno's (unless ``adopt=True``).
 
 DDL text reaches the driver through the compiler's ``escape_text``, so a name
 or a default holding ``%``, ``$1`` or ``?`` is stored exactly as declared.
@@ -370,10 +378,9 @@ def _refuse_drift(layout: Layout, differences: list[Difference]) -> None:
     if problems:
         listed = "\n  ".join(problems)
         raise MigrationError(
-            f"namespace {layout.namespace!r}: the database differs from the declaration in "
-            f"ways migrate() does not change on its own, so nothing was changed:\n  {listed}\n"
-            "Change the declaration back, or change the database by hand (keeping the data "
-            "you need), then migrate again."
+            f"migrate() changed nothing in namespace {layout.namespace!r}; it does not make "
+            f"these changes on its own:\n  {listed}\nChange the declaration, or the database "
+            "by hand (keeping the data you need), then migrate again."
         )
 
 

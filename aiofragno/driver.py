@@ -186,8 +186,9 @@ class CatalogSql:
     per indexed column: ``name``, ``is_unique``, ``is_primary``,
     ``column_name`` (NULL for an expression), ordered by index and position;
     ``references`` one row per column of each foreign key: ``name`` (NULL
-    where the catalog keeps none), ``column_name``, ``to_schema``,
-    ``to_table``, ``to_column``, ordered by key and position.
+    where the catalog keeps none), ``position`` (from 1 in each key),
+    ``column_name``, ``to_schema``, ``to_table``, ``to_column``, ordered by
+    key and position.
 
     ``type_spellings`` are (regex, replacement) pairs applied in order to a
     lower-cased type, from the catalog or from :attr:`DdlSpec.types`, so that

@@ -226,11 +226,13 @@ def _indexes(rows: list[Mapping[str, Any]]) -> tuple[LiveIndex, ...]:
 
 
 def _references(rows: list[Mapping[str, Any]]) -> tuple[LiveReference, ...]:
-    # Keyed by name, or (SQLite: no names) by each key's first row's column.
-    grouped: dict[str, list[Mapping[str, Any]]] = {}
+    # A key's rows follow each other; each starts at position 1 (SQLite
+    # keeps no names to tell them apart).
+    grouped: list[list[Mapping[str, Any]]] = []
     for row in rows:
-        key = _text(row["name"]) if row["name"] is not None else f"#{row['column_name']}"
-        grouped.setdefault(key, []).append(row)
+        if int(row["position"]) == 1 or not grouped:
+            grouped.append([])
+        grouped[-1].append(row)
     return tuple(
         LiveReference(
             None if parts[0]["name"] is None else _text(parts[0]["name"]),
@@ -239,7 +241,7 @@ def _references(rows: list[Mapping[str, Any]]) -> tuple[LiveReference, ...]:
             _text(parts[0]["to_table"]),
             tuple(_text(r["to_column"]) for r in parts),
         )
-        for parts in grouped.values()
+        for parts in grouped
     )
 
 

@@ -64,7 +64,8 @@ CATALOG = CatalogSql(
     indexes="SELECT index_name AS name, non_unique = 0 AS is_unique, "
     "index_name = 'PRIMARY' AS is_primary, column_name AS column_name "
     f"FROM information_schema.statistics WHERE {_WHERE} ORDER BY index_name, seq_in_index",
-    references="SELECT constraint_name AS name, column_name AS column_name, "
+    references="SELECT constraint_name AS name, ordinal_position AS position, "
+    "column_name AS column_name, "
     "referenced_table_schema AS to_schema, referenced_table_name AS to_table, "
     "referenced_column_name AS to_column FROM information_schema.key_column_usage "
     f"WHERE {_WHERE} AND referenced_table_name IS NOT NULL "

@@ -129,7 +129,7 @@ CATALOG = CatalogSql(
     "LEFT JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum "
     "WHERE n.nspname = COALESCE({schema}, current_schema()) AND t.relname = {table} "
     "ORDER BY i.relname, k.position",
-    references="SELECT c.conname AS name, a.attname AS column_name, rn.nspname AS to_schema, "
+    references="SELECT c.conname AS name, k.position, a.attname AS column_name, rn.nspname AS to_schema, "
     "r.relname AS to_table, ra.attname AS to_column FROM pg_constraint c "
     "JOIN pg_class t ON t.oid = c.conrelid JOIN pg_namespace n ON n.oid = t.relnamespace "
     "JOIN pg_class r ON r.oid = c.confrelid JOIN pg_namespace rn ON rn.oid = r.relnamespace "

@@ -53,7 +53,7 @@ CATALOG = CatalogSql(
     indexes="SELECT il.name AS name, il.\"unique\" AS is_unique, il.origin = 'pk' AS is_primary, "
     "ii.name AS column_name FROM pragma_index_list({table}) AS il, "
     "pragma_index_info(il.name) AS ii ORDER BY il.name, ii.seqno",
-    references='SELECT NULL AS name, fk."from" AS column_name, NULL AS to_schema, '
+    references='SELECT NULL AS name, fk.seq + 1 AS position, fk."from" AS column_name, NULL AS to_schema, '
     'fk."table" AS to_table, fk."to" AS to_column '
     "FROM pragma_foreign_key_list({table}) AS fk ORDER BY fk.id, fk.seq",
     type_spellings=((r"\s+", " "),),

@@ -7,6 +7,7 @@ when asked to."""
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
@@ -138,6 +139,50 @@ async def test_a_migrated_schema_inspects_back_exactly_and_shows_no_drift(
     if layout.table("owners").schema is None:
         assert everything.table(layout.table("owners").name) is not None
     assert (await db.inspect(namespace="never_migrated")).tables == ()
+
+
+async def test_inspect_reads_tables_aiofragno_did_not_make(db: af.Database) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    parent, child = af.Identifier(f"ip_{suffix}"), af.Identifier(f"ic_{suffix}")
+    await execute(
+        db,
+        "CREATE TABLE {p} (a integer NOT NULL, b varchar(10) NOT NULL DEFAULT 'x', "
+        "PRIMARY KEY (a, b))",
+        p=parent,
+    )
+    try:
+        await execute(
+            db,
+            "CREATE TABLE {c} (x integer, y varchar(10), n bigint, "
+            "CONSTRAINT {k} FOREIGN KEY (x, y) REFERENCES {p} (a, b))",
+            c=child,
+            p=parent,
+            k=af.Identifier(f"k_{suffix}"),
+        )
+        await execute(
+            db, "CREATE UNIQUE INDEX {i} ON {c} (n, x)", i=af.Identifier(f"u_{suffix}"), c=child
+        )
+        live = await db.inspect()
+        found_parent, found_child = live.table(f"ip_{suffix}"), live.table(f"ic_{suffix}")
+        assert found_parent is not None and found_child is not None
+        assert [(c.name, c.nullable) for c in found_parent.columns] == [("a", False), ("b", False)]
+        b = found_parent.column("b")
+        assert b is not None and "varchar(10)" in b.types and "x" in (b.default or "")
+        assert any(i.primary and set(i.columns) == {"a", "b"} for i in found_parent.indexes)
+        [unique] = [i for i in found_child.indexes if i.name == f"u_{suffix}"]
+        assert (unique.columns, unique.unique, unique.primary) == (("n", "x"), True, False)
+        [ref] = found_child.references
+        assert (ref.columns, ref.to_table, ref.to_columns) == (
+            ("x", "y"),
+            f"ip_{suffix}",
+            ("a", "b"),
+        )
+        n = found_child.column("n")
+        # (SQLite keeps the type as written; MariaDB writes a display width.)
+        assert n is not None and n.sql_type.startswith("bigint") and n.nullable
+    finally:
+        await execute(db, "DROP TABLE IF EXISTS {c}", c=child)
+        await execute(db, "DROP TABLE IF EXISTS {p}", p=parent)
 
 
 # -- drift ----------------------------------------------------------------------

@@ -64,6 +64,13 @@ async def _new_external_ids(migrator: Migrator, physical: PhysicalTable, *, dry_
     """Give every row a new external id, then make the ids unique."""
     if not dry_run:
         await _assign_external_ids(migrator, physical)
+    await unique_external_ids(migrator, physical, dry_run=dry_run)
+
+
+async def unique_external_ids(
+    migrator: Migrator, physical: PhysicalTable, *, dry_run: bool
+) -> None:
+    """The unique index on ``id``, for a table whose ids are not unique."""
     ddl = migrator.ddl
     name = ddl.quote(migrator.layout.index_name(physical.table.name, EXTERNAL_ID_INDEX))
     statement = (

@@ -61,6 +61,7 @@ from .schema_diff import (
     Differ,
     Difference,
     MissingColumn,
+    MissingExternalIdKey,
     MissingIndex,
     MissingInternalColumn,
     MissingTable,
@@ -235,6 +236,8 @@ class Migrator:
             assert live is not None
             # (A rebuilt table is created from the declaration, without indexes.)
             fresh = await internal_columns.heal(self, physical, live, dry_run=dry_run)
+        if MissingExternalIdKey in kinds and not fresh:
+            await internal_columns.unique_external_ids(self, physical, dry_run=dry_run)
         missing = {str(d.name) for d in differences if isinstance(d, MissingColumn)}
         for column in table.columns.values():
             if not fresh and column.name in missing:

@@ -138,6 +138,23 @@ class ReferenceChanged(Difference):
     what: ClassVar[str] = "reference of column"
 
 
+@dataclass(frozen=True, slots=True)
+class PrimaryKeyChanged(Difference):
+    """The table's primary key is not ``_id`` alone (a table to adopt keyed
+    by a column of its own)."""
+
+    what: ClassVar[str] = "primary key"
+
+
+@dataclass(frozen=True, slots=True)
+class MissingExternalIdKey(Difference):
+    """``id`` is not unique (its constraint dropped by hand): the unique
+    index is created again (which fails, changing nothing, if ids repeat)."""
+
+    additive: ClassVar[bool] = True
+    what: ClassVar[str] = "unique key of column"
+
+
 class Differ:
     """Compares declared tables of one layout with live ones, in one
     dialect's spelling of types and defaults."""
@@ -284,7 +301,7 @@ class Differ:
         table = physical.table
         name, where = table.name, str(physical)
         by_name = {index.name.lower(): index for index in live.indexes}
-        found: list[Difference] = []
+        found = self._keys(name, where, live)
         declared_names = {self.layout.index_name(name, EXTERNAL_ID_INDEX).lower()}
         for index in table.indexes.values():
             index_name = self.layout.index_name(name, index.name)
@@ -316,6 +333,22 @@ class Differ:
             for index in live.indexes
             if index.name.lower().startswith(prefix) and index.name.lower() not in declared_names
         ]
+        return found
+
+    def _keys(self, name: str, where: str, live: LiveTable) -> list[Difference]:
+        """The primary key is ``_id`` (SQLite's ``INTEGER PRIMARY KEY`` is the
+        rowid, listed as no index), and ``id`` has a unique index of its own."""
+        found: list[Difference] = []
+        for index in live.indexes:
+            columns = [(c or "").lower() for c in index.columns]
+            if index.primary and columns != [INTERNAL_ID]:
+                have = _index_text(index.columns, unique=False)
+                found.append(PrimaryKeyChanged(name, where, None, f"({INTERNAL_ID})", have))
+        unique_ids = [
+            i for i in live.indexes if i.unique and [(c or "").lower() for c in i.columns] == ["id"]
+        ]
+        if live.column(EXTERNAL_ID) is not None and not unique_ids:
+            found.append(MissingExternalIdKey(name, where, EXTERNAL_ID, "unique", "not unique"))
         return found
 
 

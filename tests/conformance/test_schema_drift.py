@@ -472,3 +472,46 @@ async def test_someone_elses_table_is_refused_unless_adopted(
     people = live.table("people")
     assert people is not None
     assert any(i.name == layout.index_name("people", "by_name") for i in people.indexes)
+
+
+async def test_a_lost_unique_key_on_id_is_restored(db: af.Database, spaces: Namespaces) -> None:
+    schema = af.Schema("app", af.Table("notes", af.Column("text", "string")))
+    layout = spaces.use(db, schema)
+    ns = layout.namespace
+    await db.migrate(schema, namespace=ns)
+    physical = layout.table("notes")
+    notes = (await db.inspect(namespace=ns)).table("notes")
+    assert notes is not None
+    [key] = [i for i in notes.indexes if i.columns == ("id",)]
+    for statement in ("ALTER TABLE {t} DROP CONSTRAINT {i}", "ALTER TABLE {t} DROP INDEX {i}"):
+        try:
+            await execute(db, statement, t=physical.identifier, i=af.Identifier(key.name))
+            break
+        except af.Error:
+            continue
+    else:
+        pytest.skip(f"{db.name} cannot drop a UNIQUE constraint")
+    healed = await db.migrate(schema, namespace=ns)
+    assert [type(d).__name__ for d in healed.differences] == ["MissingExternalIdKey"]
+    assert (await db.migrate(schema, namespace=ns)).differences == []
+    notes = (await db.inspect(namespace=ns)).table("notes")
+    assert notes is not None and any(i.columns == ("id",) and i.unique for i in notes.indexes)
+
+
+async def test_a_table_keyed_by_a_column_of_its_own_is_not_adopted(
+    db: af.Database, spaces: Namespaces
+) -> None:
+    schema = af.Schema("app", af.Table("codes", af.Column("code", af.varchar(20))))
+    layout = spaces.use(db, schema)
+    physical = layout.table("codes")
+    if physical.schema is not None:
+        await execute(db, "CREATE SCHEMA {s}", s=af.Identifier(physical.schema))
+    await execute(
+        db, "CREATE TABLE {t} (code varchar(20) NOT NULL PRIMARY KEY)", t=physical.identifier
+    )
+    with pytest.raises(af.MigrationError) as info:
+        await db.migrate(schema, namespace=layout.namespace, adopt=True)
+    assert f"table 'codes' ({physical}): primary key: declared (_id), database has (code)" in str(
+        info.value
+    )
+    assert await column_names(db, physical) == {"code"}

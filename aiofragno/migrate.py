@@ -335,6 +335,7 @@ async def _migrate(
         dict(spec.types),
         inspector.type_map,
         inspector.catalog,
+        column_type=ddl.column_type,
         default_literal=ddl.default,
         backslash_escapes=spec.backslash_escapes,
     )

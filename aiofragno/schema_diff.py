@@ -166,12 +166,14 @@ class Differ:
         type_map: TypeMap,
         catalog: CatalogSql,
         *,
+        column_type: Callable[[Column], str],
         default_literal: Callable[[Column], str | None],
         backslash_escapes: bool,
     ) -> None:
         self.layout = layout
         self.types = types
         self.type_map = type_map
+        self.column_type = column_type
         self.default_literal = default_literal
         self.casts = None if catalog.default_casts is None else re.compile(catalog.default_casts)
         self.backslash_escapes = backslash_escapes
@@ -204,16 +206,13 @@ class Differ:
         found += self._indexes(physical, live)
         return found
 
-    def _sql_type(self, text: str) -> str:
-        return self.type_map.spell(text)
-
     def _internal(
         self, name: str, where: str, column: str, kind: str, live: LiveColumn | None
     ) -> list[Difference]:
         if live is None:
             return [MissingInternalColumn(name, where, column, self.types[kind], "nothing")]
-        expected = self._sql_type(self.types[kind])
-        if self._sql_type(live.sql_type) != expected:
+        expected = self.type_map.spell(self.types[kind])
+        if self.type_map.spell(live.sql_type) != expected:
             return [TypeChanged(name, where, column, expected, live.sql_type)]
         if live.nullable:
             return [NullabilityChanged(name, where, column, "NOT NULL", "NULL")]
@@ -222,12 +221,11 @@ class Differ:
     def _column(
         self, name: str, where: str, column: Column, live: LiveColumn | None
     ) -> list[Difference]:
-        kind = "reference" if isinstance(column, Reference) else column.kind
-        sql_type = self.types[kind].replace("{n}", str(column.length))
+        sql_type = self.column_type(column)
         if live is None:
             return [MissingColumn(name, where, column.name, column.type_name, "nothing")]
         found: list[Difference] = []
-        if self._sql_type(live.sql_type) != self._sql_type(sql_type):
+        if self.type_map.spell(live.sql_type) != self.type_map.spell(sql_type):
             declared = f"{column.type_name} ({sql_type})"
             found.append(TypeChanged(name, where, column.name, declared, _type_text(live)))
         literal = self.default_literal(column)

@@ -65,7 +65,6 @@ from .schema_diff import (
     MissingIndex,
     MissingInternalColumn,
     MissingTable,
-    blocking,
 )
 from .settings_table import SETTINGS_TABLE as SETTINGS_TABLE
 from .settings_table import read_setting, write_setting
@@ -369,23 +368,32 @@ async def _migrate(
 def _refuse_drift(layout: Layout, differences: list[Difference]) -> None:
     """:class:`MigrationError` listing every difference migrate() does not
     apply on its own, and every column it cannot add."""
-    problems = [str(d) for d in blocking(differences)]
-    for d in differences:
-        column = layout.table(d.table).table.columns.get(str(d.name))
-        unaddable = column is not None and not column.nullable and column.default is None
-        if isinstance(d, MissingColumn) and column is not None and unaddable:
-            problems.append(
-                f"cannot add column {column.name!r} to table {d.table!r}: it is NOT NULL "
-                "without a default, and existing rows would have no value; give it a "
-                "default or make it nullable"
-            )
-    if problems:
-        listed = "\n  ".join(problems)
-        raise MigrationError(
-            f"migrate() changed nothing in namespace {layout.namespace!r}; it does not make "
-            f"these changes on its own:\n  {listed}\nChange the declaration, or the database "
-            "by hand (keeping the data you need), then migrate again."
-        )
+    refused = [d for d in differences if d.blocking or _unaddable(layout, d)]
+    if not refused:
+        return
+    listed = "\n  ".join(_unaddable(layout, d) or str(d) for d in refused)
+    error = MigrationError(
+        f"migrate() changed nothing in namespace {layout.namespace!r}; it does not make "
+        f"these changes on its own:\n  {listed}\nChange the declaration, or the database "
+        "by hand (keeping the data you need), then migrate again."
+    )
+    error.differences = tuple(refused)
+    raise error
+
+
+def _unaddable(layout: Layout, difference: Difference) -> str | None:
+    """Why ``difference``, a missing column, cannot be added (None: it can,
+    or it is no missing column)."""
+    if not isinstance(difference, MissingColumn):
+        return None
+    column = layout.table(difference.table).table.columns[str(difference.name)]
+    if column.nullable or column.default is not None:
+        return None
+    return (
+        f"cannot add column {column.name!r} to table {difference.table!r}: it is NOT NULL "
+        "without a default, and existing rows would have no value; give it a default or make "
+        "it nullable"
+    )
 
 
 async def _internal_tables(migrator: Migrator, *, dry_run: bool) -> None:

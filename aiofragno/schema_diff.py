@@ -350,11 +350,6 @@ class Differ:
         return found
 
 
-def blocking(differences: Iterable[Difference]) -> list[Difference]:
-    """The differences a migration refuses (see :attr:`Difference.blocking`)."""
-    return [d for d in differences if d.blocking]
-
-
 def _null(nullable: bool) -> str:
     return "NULL" if nullable else "NOT NULL"
 

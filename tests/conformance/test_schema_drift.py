@@ -269,6 +269,18 @@ async def test_every_kind_of_drift_is_reported_and_nothing_is_changed(
         ]
         for part in expected:
             assert part in message, (part, message)
+        kinds = {(type(d), d.name) for d in info.value.differences}
+        assert {
+            (NullabilityChanged, "owner"),
+            (TypeChanged, "balance"),
+            (NullabilityChanged, "note"),
+            (RemovedColumn, "legacy"),
+            (IndexChanged, "by_owner"),
+            (IndexChanged, "by_code"),
+            (ReferenceChanged, "account"),
+            (ReferenceChanged, "bank"),
+        } <= kinds
+        assert all(d.blocking for d in info.value.differences)
         # What is safe to leave is not listed; nothing was changed or recorded.
         assert "'code': declared 'y'" not in message and "'spare'" not in message
         assert "by_note" not in message and "by_legacy" in message

@@ -13,10 +13,10 @@ removed NOT NULL column, a changed index or reference) raises
 :class:`~aiofragno.errors.MigrationError` listing them all; one that is safe to
 leave (a changed default, a removed nullable column, a plain index no longer
 declared) is logged as a warning and listed in
-:attr:`MigrationResult.differences`. It is idempotent, holds a migration lock (PostgreSQL advisory
-lock, MySQL ``GET_LOCK``, SQLite's write lock) so concurrent migrators run one
-after the other, and runs in one transaction where the database has
-transactional DDL (PostgreSQL, SQLite). On MySQL each DDL statement commits on
+:attr:`MigrationResult.differences`. It is idempotent, holds a migration
+lock (PostgreSQL advisory lock, MySQL ``GET_LOCK``, SQLite's write lock) so
+concurrent migrators run one after the other, and runs in one transaction
+where the database has transactional DDL (PostgreSQL, SQLite). On MySQL each DDL statement commits on
 its own; an interrupted migration is completed by the next run.
 
 The lock is waited for at most ``lock_timeout`` seconds, and so (PostgreSQL,
@@ -329,23 +329,8 @@ async def _migrate(
         recorded=bool(settings),
         adopt=adopt,
     )
-    differ = Differ(
-        layout,
-        dict(spec.types),
-        inspector.type_map,
-        inspector.catalog,
-        column_type=ddl.column_type,
-        default_literal=ddl.default,
-        backslash_escapes=spec.backslash_escapes,
-    )
-    differences = {p.table.name: differ.diff_table(p, live[p.table.name]) for p in tables}
+    differences = _drift(layout, ddl, inspector, tables, live)
     found = [d for per_table in differences.values() for d in per_table]
-    _refuse_drift(layout, found)
-    for difference in found:
-        if not difference.additive:
-            logger.warning(
-                "migrating namespace %r, left as it is: %s", layout.namespace, difference
-            )
     if not settings:
         await migrator.run(settings_table_sql(ddl), dry_run=dry_run)
     await _internal_tables(migrator, dry_run=dry_run)
@@ -363,6 +348,35 @@ async def _migrate(
     )
     result.differences = found
     return result
+
+
+def _drift(
+    layout: Layout,
+    ddl: Ddl,
+    inspector: Inspector,
+    tables: list[PhysicalTable],
+    live: dict[str, LiveTable | None],
+) -> dict[str, list[Difference]]:
+    """Each table's differences from ``live``; :class:`MigrationError` for
+    those migrate() refuses, a warning for those it leaves."""
+    differ = Differ(
+        layout,
+        dict(ddl.spec.types),
+        inspector.type_map,
+        inspector.catalog,
+        column_type=ddl.column_type,
+        default_literal=ddl.default,
+        backslash_escapes=ddl.spec.backslash_escapes,
+    )
+    differences = {p.table.name: differ.diff_table(p, live[p.table.name]) for p in tables}
+    found = [d for per_table in differences.values() for d in per_table]
+    _refuse_drift(layout, found)
+    for difference in found:
+        if not difference.additive:
+            logger.warning(
+                "migrating namespace %r, left as it is: %s", layout.namespace, difference
+            )
+    return differences
 
 
 def _refuse_drift(layout: Layout, differences: list[Difference]) -> None:

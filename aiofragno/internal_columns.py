@@ -10,7 +10,7 @@ value for every row that is there:
   the table is rebuilt from the declaration (rename, create, copy with
   ``_id`` = the old ``rowid``, drop) in the migration's transaction;
 * ``id`` — added ``NOT NULL DEFAULT ''``, each row given a new external id
-  (UUIDv7, one bound ``UPDATE`` per row), then made unique by the index
+  (UUIDv7, bound, 250 rows an ``UPDATE``), then made unique by the index
   ``<index prefix>_external_id``.
 
 Rows keep their data and are read and written by units of work afterwards.
@@ -23,11 +23,14 @@ from typing import TYPE_CHECKING
 from .introspection import LiveTable
 from .schema import EXTERNAL_ID, INTERNAL_ID, VERSION, new_external_id
 from .schema_diff import EXTERNAL_ID_INDEX
-from .sql import Identifier, sql
+from .sql import Fragment, Identifier, sql
 
 if TYPE_CHECKING:
     from .migrate import Migrator
     from .naming import PhysicalTable
+
+# Rows given new external ids by one statement.
+_CHUNK = 250
 
 
 async def heal(
@@ -111,19 +114,25 @@ async def _rebuild(
 
 
 async def _assign_external_ids(migrator: Migrator, physical: PhysicalTable) -> None:
-    """A new external id for every row (bound, one row at a time)."""
+    """A new external id for every row: bound values, ``_CHUNK`` rows a
+    statement (within SQLite's oldest limit of 999 parameters)."""
     session, compile = migrator.session, migrator.compile
     internal, external = Identifier(INTERNAL_ID), Identifier(EXTERNAL_ID)
     rows = await session.execute(
         compile(sql("SELECT {i} AS i FROM {t}", i=internal, t=physical.identifier))
     )
-    for row in rows.rows:
+    keys = [row["i"] for row in rows.rows]
+    for start in range(0, len(keys), _CHUNK):
+        chunk = keys[start : start + _CHUNK]
+        whens = Fragment.join(
+            (sql("WHEN {k} THEN {v}", k=key, v=new_external_id()) for key in chunk), " "
+        )
         update = sql(
-            "UPDATE {t} SET {e} = {v} WHERE {i} = {k}",
+            "UPDATE {t} SET {e} = CASE {i} {whens} END WHERE {i} IN {keys}",
             t=physical.identifier,
             e=external,
-            v=new_external_id(),
             i=internal,
-            k=row["i"],
+            whens=whens,
+            keys=chunk,
         )
         await session.execute(compile(update))

@@ -427,16 +427,17 @@ async def _foreign_table(db: af.Database, layout: Layout) -> PhysicalTable:
         a=af.Identifier("name"),
         b=af.Identifier("age"),
     )
-    for name, age in (("ann", 31), ("bo", None)):
-        await execute(
-            db,
-            "INSERT INTO {t} ({a}, {b}) VALUES ({name}, {age})",
-            t=physical.identifier,
-            a=af.Identifier("name"),
-            b=af.Identifier("age"),
-            name=name,
-            age=age,
-        )
+    # More rows than one statement gives new ids to (internal_columns._CHUNK).
+    people = [("ann", 31), ("bo", None), *((f"p{n}", n) for n in range(299))]
+    values = af.Fragment.join(af.sql("({n}, {a})", n=name, a=age) for name, age in people)
+    await execute(
+        db,
+        "INSERT INTO {t} ({a}, {b}) VALUES {values}",
+        t=physical.identifier,
+        a=af.Identifier("name"),
+        b=af.Identifier("age"),
+        values=values,
+    )
     return physical
 
 
@@ -470,8 +471,9 @@ async def test_someone_elses_table_is_refused_unless_adopted(
     }
     assert (await db.migrate(schema, namespace=ns)).differences == []
     rows = {r["name"]: r for r in await rows_of(db, schema, ns, "people")}
-    assert {n: r["age"] for n, r in rows.items()} == {"ann": 31, "bo": None}
-    assert all(r["id"].version == 0 for r in rows.values())
+    assert len(rows) == 301 and (rows["ann"]["age"], rows["bo"]["age"]) == (31, None)
+    assert all(r["id"].version == 0 and len(r["id"]) == 36 for r in rows.values())
+    assert len({r["id"] for r in rows.values()}) == 301
 
     async def edit(uow: af.UnitOfWork) -> af.RowId:
         uow.update("people", rows["bo"]["id"], {"age": 7})

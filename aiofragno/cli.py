@@ -1,7 +1,8 @@
 """The ``aiofragno`` command.
 
     aiofragno demo [--url URL] [--units N] [--concurrency C]
-    aiofragno migrate --url URL module:attr [--namespace NS] [--dry-run]
+    aiofragno migrate --url URL module:attr [--namespace NS] [--dry-run] [--adopt]
+    aiofragno inspect [URL] [--namespace NS]
     aiofragno outbox tail --url URL [--after VS] [--follow]
     aiofragno outbox consumers --url URL
     aiofragno outbox relay --url URL --to BROKER_URL --subject SUBJECT [--until-caught-up]
@@ -95,13 +96,26 @@ async def cmd_migrate(args: argparse.Namespace) -> None:
         # Connected first: the driver is imported before the current directory
         # (where the schema's module may be) goes on sys.path.
         schema = load_schema(args.schema)
-        result = await db.migrate(schema, namespace=args.namespace, dry_run=args.dry_run)
+        result = await db.migrate(
+            schema, namespace=args.namespace, dry_run=args.dry_run, adopt=args.adopt
+        )
     for statement in result.statements:
         print(statement.rstrip() + ";")
+    for difference in result.left:
+        print(f"-- left as it is: {escape_controls(str(difference))}", file=sys.stderr)
     verb = "would be" if args.dry_run else "now at"
     print(
         f"-- namespace {result.namespace}: schema version {verb} {result.version}", file=sys.stderr
     )
+
+
+async def cmd_inspect(args: argparse.Namespace) -> None:
+    url = args.database or _url(args)
+    async with connect(url) as db:
+        live = await db.inspect(namespace=args.namespace)
+    # (JSON strings hold no line breaks: each line is escaped on its own.)
+    text = json.dumps(dataclasses.asdict(live), indent=2)
+    print("\n".join(escape_controls(line) for line in text.splitlines()))
 
 
 # Characters a terminal acts on, or reorders the text around, instead of
@@ -278,6 +292,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--namespace", help="the namespace to create the tables in (default: the schema's name)"
     )
     migrate.add_argument("--dry-run", action="store_true", help="print the SQL, change nothing")
+    migrate.add_argument(
+        "--adopt",
+        action="store_true",
+        help="take over existing tables that are not aiofragno's, adding its columns",
+    )
+    inspect = command("inspect", cmd_inspect, "print the tables the database has, as JSON")
+    inspect.add_argument(
+        "database", nargs="?", metavar="URL", help="database URL (instead of --url)"
+    )
+    inspect.add_argument(
+        "--namespace", help="only the tables migrated for this namespace (default: every table)"
+    )
     outbox = commands.add_parser("outbox", help="read the outbox").add_subparsers(
         dest="outbox_command", required=True
     )

@@ -22,6 +22,7 @@ from .driver import (
 )
 from .engine import Engine, check_isolation
 from .errors import Error, ValidationError
+from .introspection import LiveSchema, inspect_database
 from .migrate import Ddl, MigrationResult
 from .migrate import migrate as run_migration
 from .migration_lock import DEFAULT_LOCK_TIMEOUT, check_lock_timeout
@@ -233,13 +234,18 @@ class Database(Queries):
         namespace: str | None = None,
         dry_run: bool = False,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        adopt: bool = False,
     ) -> MigrationResult:
         """Create or extend ``schema``'s tables (see :mod:`aiofragno.migrate`).
         With ``dry_run`` nothing is changed and the result lists the
         statements a real run would execute now. Waits at most
         ``lock_timeout`` seconds for the migration lock (and, on PostgreSQL
         and MySQL, for each table lock its DDL needs), else raises
-        :class:`MigrationError`."""
+        :class:`MigrationError` — as it does, before changing anything, for
+        every difference from the declaration it does not apply on its own.
+        ``adopt=True`` takes over an existing table of the same name that is
+        not aiofragno's, adding the columns of ours (see
+        :mod:`aiofragno.ownership`)."""
         check_lock_timeout(lock_timeout)
         layout = self.layout(schema, namespace)
         engine = self._engine
@@ -256,10 +262,23 @@ class Database(Queries):
                 engine.codec,
                 dry_run=dry_run,
                 lock_timeout=lock_timeout,
+                adopt=adopt,
             )
             if transactional:
                 await session.commit()
             return result
+        finally:
+            await engine.release(session)
+
+    async def inspect(self, *, namespace: str | None = None) -> LiveSchema:
+        """The tables the database has, read from its catalog (see
+        :mod:`aiofragno.introspection`): those migrated for ``namespace``,
+        keyed by their declared names, or (None) every table of the default
+        schema."""
+        engine = self._engine
+        session = await engine.acquire()
+        try:
+            return await inspect_database(session, engine.compile, engine.adapter.ddl, namespace)
         finally:
             await engine.release(session)
 

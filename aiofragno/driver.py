@@ -186,6 +186,38 @@ class StorageProfile:
 
 
 @dataclass(frozen=True, slots=True)
+class CatalogSql:
+    """How one dialect reads its catalog (:mod:`aiofragno.introspection`).
+
+    The templates are ``af.sql`` templates taking ``{schema}`` (None: the
+    current one) and, but for ``tables``, ``{table}``. ``tables`` returns
+    ``name``; ``columns`` one row per column in table order: ``name``,
+    ``sql_type`` (as the catalog spells it), ``is_nullable``,
+    ``default_value`` (the default's SQL text, or NULL); ``indexes`` one row
+    per indexed column: ``name``, ``is_unique``, ``is_primary``,
+    ``column_name`` (NULL for an expression), ordered by index and position;
+    ``references`` one row per column of each foreign key: ``name`` (NULL
+    where the catalog keeps none), ``position`` (from 1 in each key),
+    ``column_name``, ``to_schema``, ``to_table``, ``to_column``, ordered by
+    key and position.
+
+    ``type_spellings`` are (regex, replacement) pairs applied in order to a
+    lower-cased type, from the catalog or from :attr:`DdlSpec.types`, so that
+    both end in one spelling (PostgreSQL ``character varying(20)`` and
+    ``varchar(20)``). ``default_casts`` matches what the catalog appends to a
+    default (PostgreSQL's ``::text``); ``null_default`` is how it reports a
+    default of NULL, where it writes one (MariaDB: ``NULL``)."""
+
+    tables: str
+    columns: str
+    indexes: str
+    references: str
+    type_spellings: tuple[tuple[str, str], ...] = ()
+    default_casts: str | None = None
+    null_default: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class DdlSpec:
     """What migrations need to know to write DDL for one dialect.
 
@@ -230,6 +262,11 @@ class DdlSpec:
     # idempotent; run by every migration until the id column exists. Empty:
     # the dialect has only the counter.
     outbox_ticks_sql: tuple[str, ...] = ()
+    # How the live tables are read back (introspection, drift).
+    catalog: CatalogSql | None = None
+    # ALTER TABLE .. ADD COLUMN can add a primary key (false: SQLite, where
+    # a table without one is rebuilt to get it).
+    add_primary_key: bool = True
 
     def type_sql(self, kind: str, arg: TypeArg = None) -> str:
         """The SQL type of a column of logical type ``kind`` (``arg``: its

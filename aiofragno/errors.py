@@ -11,6 +11,10 @@ translates with it in one place, so no backend re-implements the mapping.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .schema_diff import Difference
 
 
 class Error(Exception):
@@ -31,7 +35,11 @@ class SchemaError(Error):
 
 class MigrationError(Error):
     """A migration could not be applied; the database is left as it was where
-    the database has transactional DDL."""
+    the database has transactional DDL. ``differences``: the differences from
+    the declaration that made ``migrate()`` refuse, before it changed anything
+    (:mod:`aiofragno.schema_diff`; empty for other causes)."""
+
+    differences: tuple[Difference, ...] = ()
 
 
 class ConcurrencyConflict(Error):

@@ -1,14 +1,22 @@
 """Migrations: make the database match a :class:`~aiofragno.Schema`.
 
 ``await db.migrate(schema)`` compares the declaration with what the database
-has (by introspection, every time) and adds what is missing: the internal
-settings table, database schemas, tables, columns and indexes. It never drops
-or alters anything that exists, so a later version of a schema migrates
-forward with its data kept, and a column dropped by hand is added again
-(self-healing). It is idempotent, holds a migration lock (PostgreSQL advisory
-lock, MySQL ``GET_LOCK``, SQLite's write lock) so concurrent migrators run one
-after the other, and runs in one transaction where the database has
-transactional DDL (PostgreSQL, SQLite). On MySQL each DDL statement commits on
+has (:mod:`aiofragno.introspection`, every time; the comparison is
+:mod:`aiofragno.schema_diff`) and adds what is missing: the internal
+settings table, database schemas, tables, columns and indexes, and the
+internal columns of a table that lost them (:mod:`aiofragno.internal_columns`).
+It never drops or alters anything that exists, so a later version of a schema
+migrates forward with its data kept, and a column dropped by hand is added
+again (self-healing). Every other difference is reported before anything
+runs: one that would make reads or writes fail (a retyped, re-nulled or
+removed NOT NULL column, a changed index or reference) raises
+:class:`~aiofragno.errors.MigrationError` listing them all; one that is safe to
+leave (a changed default, a removed nullable column, a plain index no longer
+declared) is logged as a warning and listed in
+:attr:`MigrationResult.differences`. It is idempotent, holds a migration
+lock (PostgreSQL advisory lock, MySQL ``GET_LOCK``, SQLite's write lock) so
+concurrent migrators run one after the other, and runs in one transaction
+where the database has transactional DDL (PostgreSQL, SQLite). On MySQL each DDL statement commits on
 its own; an interrupted migration is completed by the next run.
 
 The lock is waited for at most ``lock_timeout`` seconds, and so (PostgreSQL,
@@ -19,7 +27,7 @@ The settings table ``fragno_db_settings`` records ``<namespace>.schema_version``
 (bumped whenever the declaration changes), ``<namespace>.schema_hash``, and
 which declared table each physical table is (:mod:`aiofragno.ownership`):
 before changing anything, a migration refuses a table that belongs to another
-namespace's table or is not aiofragno's.
+namespace's table or is not aiofragno's (unless ``adopt=True``).
 
 DDL text reaches the driver through the compiler's ``escape_text``, so a name
 or a default holding ``%``, ``$1`` or ``?`` is stored exactly as declared.
@@ -27,15 +35,17 @@ or a default holding ``%``, ``$1`` or ``?`` is stored exactly as declared.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from . import migration_lock, ownership
+from . import internal_columns, migration_lock, ownership
 from .codec import ValueCodec
 from .driver import CompiledQuery, DdlSpec, QueryCompiler
 from .errors import Error, LockTimeout, MigrationError
+from .introspection import Inspector, LiveTable
 from .naming import Layout, PhysicalTable
 from .outbox import tables as outbox_tables
 from .schema import (
@@ -47,12 +57,23 @@ from .schema import (
     Reference,
     tables_in_dependency_order,
 )
+from .schema_diff import (
+    Differ,
+    Difference,
+    MissingColumn,
+    MissingExternalIdKey,
+    MissingIndex,
+    MissingInternalColumn,
+    MissingTable,
+)
 from .settings_table import SETTINGS_TABLE as SETTINGS_TABLE
 from .settings_table import read_setting, write_setting
 from .sql import Identifier, sql, sql_using
 
 if TYPE_CHECKING:
     from .session import Session
+
+logger = logging.getLogger("aiofragno")
 
 
 @dataclass
@@ -63,6 +84,15 @@ class MigrationResult:
     namespace: str
     version: int
     statements: list[str] = field(default_factory=list)
+    # How the database differed from the declaration before the migration
+    # (:mod:`aiofragno.schema_diff`): what it added, and what it left
+    # because it is safe to leave (each also logged as a warning).
+    differences: list[Difference] = field(default_factory=list)
+
+    @property
+    def left(self) -> list[Difference]:
+        """The differences the migration reported and left as they are."""
+        return [d for d in self.differences if not d.additive]
 
     @property
     def changed(self) -> bool:
@@ -187,37 +217,36 @@ class Migrator:
         if not dry_run:
             await self.session.execute(CompiledQuery(self.ddl.escape(statement)))
 
-    async def columns(self, physical: PhysicalTable) -> set[str]:
-        """The columns ``physical`` has in the database (none: no such table)."""
-        spec = self.ddl.spec
-        return await self.fetch_names(spec.columns_sql, schema=physical.schema, table=physical.name)
-
     async def plan_table(
-        self, physical: PhysicalTable, columns: set[str], *, dry_run: bool
+        self,
+        physical: PhysicalTable,
+        live: LiveTable | None,
+        differences: list[Difference],
+        *,
+        dry_run: bool,
     ) -> None:
-        spec = self.ddl.spec
+        """Apply the additive ``differences`` of ``physical`` from ``live``."""
         table = physical.table
-        if not columns:
+        kinds = {type(d) for d in differences}
+        fresh = MissingTable in kinds
+        if fresh:
             await self.run(self.ddl.create_table(physical, self.layout), dry_run=dry_run)
-            existing_indexes: set[str] = set()
-        else:
-            for column in table.columns.values():
-                if column.name not in columns:
-                    await self.add_column(physical, column, dry_run=dry_run)
-            existing_indexes = await self.fetch_names(
-                spec.indexes_sql, schema=physical.schema, table=physical.name
-            )
+        elif MissingInternalColumn in kinds:
+            assert live is not None
+            # (A rebuilt table is created from the declaration, without indexes.)
+            fresh = await internal_columns.heal(self, physical, live, dry_run=dry_run)
+        if MissingExternalIdKey in kinds and not fresh:
+            await internal_columns.unique_external_ids(self, physical, dry_run=dry_run)
+        missing = {str(d.name) for d in differences if isinstance(d, MissingColumn)}
+        for column in table.columns.values():
+            if not fresh and column.name in missing:
+                await self.add_column(physical, column, dry_run=dry_run)
+        unindexed = {str(d.name) for d in differences if isinstance(d, MissingIndex)}
         for index in table.indexes.values():
-            if self.layout.index_name(table.name, index.name) not in existing_indexes:
+            if fresh or index.name in unindexed:
                 await self.run(self.ddl.create_index(physical, index, self.layout), dry_run=dry_run)
 
     async def add_column(self, physical: PhysicalTable, column: Column, *, dry_run: bool) -> None:
-        if not column.nullable and column.default is None:
-            raise MigrationError(
-                f"cannot add column {column.name!r} to table {physical.table.name!r}: it is NOT NULL "
-                "without a default, and existing rows would have no value; give it a default or "
-                "make it nullable"
-            )
         for statement in self.ddl.add_column(physical, column, self.layout):
             await self.run(statement, dry_run=dry_run)
         if column.default is not None and self.ddl.default(column) is None and not dry_run:
@@ -252,13 +281,16 @@ async def migrate(
     *,
     dry_run: bool,
     lock_timeout: float,
+    adopt: bool = False,
 ) -> MigrationResult:
     """Bring the database in line with ``layout`` on ``session`` (see the module
     docstring). The caller provides the session and ends its transaction."""
     spec = ddl.spec
     async with migration_lock.held(session, compile, spec, lock_timeout):
         try:
-            return await _migrate(session, compile, layout, ddl, codec, dry_run=dry_run)
+            return await _migrate(
+                session, compile, layout, ddl, codec, dry_run=dry_run, adopt=adopt
+            )
         except MigrationError:
             raise
         except LockTimeout as exc:
@@ -268,33 +300,116 @@ async def migrate(
 
 
 async def _migrate(
-    session: Session, compile: Any, layout: Layout, ddl: Ddl, codec: ValueCodec, *, dry_run: bool
+    session: Session,
+    compile: Any,
+    layout: Layout,
+    ddl: Ddl,
+    codec: ValueCodec,
+    *,
+    dry_run: bool,
+    adopt: bool,
 ) -> MigrationResult:
     spec = ddl.spec
     for table in layout.schema.tables.values():  # (a type the database lacks: before any DDL)
         for column in table.columns.values():
             ddl.column_type(column)
     migrator = Migrator(session, compile, layout, ddl, codec)
+    inspector = Inspector(session, compile, spec)
     settings = await migrator.fetch_names(spec.columns_sql, schema=None, table=SETTINGS_TABLE)
+    tables = [layout.table(table.name) for table in tables_in_dependency_order(layout.schema)]
+    live = {
+        physical.table.name: await inspector.table(physical.schema, physical.name)
+        for physical in tables
+    }
+    # Before anything is changed: a table of another's is never touched, and
+    # a change migrate() does not make on its own is reported, all at once.
+    pending = await ownership.check(
+        session,
+        compile,
+        spec,
+        layout,
+        {name: set() if t is None else {c.name for c in t.columns} for name, t in live.items()},
+        recorded=bool(settings),
+        adopt=adopt,
+    )
+    differences = _drift(layout, ddl, inspector, tables, live)
+    found = [d for per_table in differences.values() for d in per_table]
     if not settings:
         await migrator.run(settings_table_sql(ddl), dry_run=dry_run)
     await _internal_tables(migrator, dry_run=dry_run)
-    tables = list(tables_in_dependency_order(layout.schema))
-    columns = {table.name: await migrator.columns(layout.table(table.name)) for table in tables}
-    # Before anything is changed: a table of another's is never touched.
-    pending = await ownership.check(
-        session, compile, spec, layout, columns, recorded=bool(settings)
-    )
     for db_schema in layout.db_schemas:
         if spec.create_schema_sql and not await _schema_exists(migrator, db_schema):
             statement = spec.create_schema_sql.replace("{schema}", ddl.name(Identifier(db_schema)))
             await migrator.run(statement, dry_run=dry_run)
-    for table in tables:
-        await migrator.plan_table(layout.table(table.name), columns[table.name], dry_run=dry_run)
+    for physical in tables:
+        name = physical.table.name
+        await migrator.plan_table(physical, live[name], differences[name], dry_run=dry_run)
     if not dry_run:
         await ownership.record(session, compile, pending)
-    return await _record_version(
+    result = await _record_version(
         migrator, has_settings=bool(settings) or not dry_run, dry_run=dry_run
+    )
+    result.differences = found
+    return result
+
+
+def _drift(
+    layout: Layout,
+    ddl: Ddl,
+    inspector: Inspector,
+    tables: list[PhysicalTable],
+    live: dict[str, LiveTable | None],
+) -> dict[str, list[Difference]]:
+    """Each table's differences from ``live``; :class:`MigrationError` for
+    those migrate() refuses, a warning for those it leaves."""
+    differ = Differ(
+        layout,
+        dict(ddl.spec.types),
+        inspector.type_map,
+        inspector.catalog,
+        column_type=ddl.column_type,
+        default_literal=ddl.default,
+        backslash_escapes=ddl.spec.backslash_escapes,
+    )
+    differences = {p.table.name: differ.diff_table(p, live[p.table.name]) for p in tables}
+    found = [d for per_table in differences.values() for d in per_table]
+    _refuse_drift(layout, found)
+    for difference in found:
+        if not difference.additive:
+            logger.warning(
+                "migrating namespace %r, left as it is: %s", layout.namespace, difference
+            )
+    return differences
+
+
+def _refuse_drift(layout: Layout, differences: list[Difference]) -> None:
+    """:class:`MigrationError` listing every difference migrate() does not
+    apply on its own, and every column it cannot add."""
+    refused = [d for d in differences if d.blocking or _unaddable(layout, d)]
+    if not refused:
+        return
+    listed = "\n  ".join(_unaddable(layout, d) or str(d) for d in refused)
+    error = MigrationError(
+        f"migrate() changed nothing in namespace {layout.namespace!r}; it does not make "
+        f"these changes on its own:\n  {listed}\nChange the declaration, or the database "
+        "by hand (keeping the data you need), then migrate again."
+    )
+    error.differences = tuple(refused)
+    raise error
+
+
+def _unaddable(layout: Layout, difference: Difference) -> str | None:
+    """Why ``difference``, a missing column, cannot be added (None: it can,
+    or it is no missing column)."""
+    if not isinstance(difference, MissingColumn):
+        return None
+    column = layout.table(difference.table).table.columns[str(difference.name)]
+    if column.nullable or column.default is not None:
+        return None
+    return (
+        f"cannot add column {column.name!r} to table {difference.table!r}: it is NOT NULL "
+        "without a default, and existing rows would have no value; give it a default or make "
+        "it nullable"
     )
 
 

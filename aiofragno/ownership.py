@@ -12,8 +12,14 @@ anything, refuses with :class:`~aiofragno.errors.MigrationError`:
 
 * a physical table recorded for another (namespace, table), or one of
   aiofragno's internal tables;
-* an existing table without the columns every aiofragno table has (``_id``,
-  ``id``, ``_version``): someone else's.
+* an existing table that is recorded for nobody and lacks one of the
+  columns every aiofragno table has (``_id``, ``id``, ``_version``):
+  someone else's — unless ``adopt`` is given (``migrate(..., adopt=True)``),
+  which records it and adds those columns
+  (:mod:`aiofragno.internal_columns`).
+
+A table recorded for the (namespace, table) migrating it that has lost one of
+those columns (dropped by hand) is healed: the column is added again.
 
 An existing aiofragno table recorded for nobody (migrated before these records
 existed) is adopted: recorded for the (namespace, table) migrating it.
@@ -66,10 +72,12 @@ async def check(
     columns: Mapping[str, set[str]],
     *,
     recorded: bool,
+    adopt: bool = False,
 ) -> Pending:
     """Raise :class:`MigrationError` if a table of ``layout`` would be
     another's (``columns``: what each has in the database; ``recorded``:
-    whether the settings table exists); return the records to write."""
+    whether the settings table exists; ``adopt``: take tables that are not
+    aiofragno's); return the records to write."""
     default = await _default_schema(session, compile, spec)
     owners: dict[Key, Owner | None] = {
         physical_key(default, name): None for name in INTERNAL_TABLES
@@ -80,7 +88,7 @@ async def check(
     for name, physical in layout.tables.items():
         schema = physical.schema or default
         key = physical_key(schema, physical.name)
-        _refuse_another(layout.namespace, name, physical, owners, key, columns[name])
+        _refuse_another(layout.namespace, name, physical, owners, key, columns[name], adopt)
         if key not in owners:
             pending.append(
                 (owner_key(layout.namespace, name), _record(layout, name, physical, schema))
@@ -95,6 +103,7 @@ def _refuse_another(
     owners: Mapping[Key, Owner | None],
     key: Key,
     columns: set[str],
+    adopt: bool,
 ) -> None:
     """Raise :class:`MigrationError` if ``physical`` (``key``, with
     ``columns``) is not ``namespace``.``name``'s to migrate."""
@@ -109,12 +118,14 @@ def _refuse_another(
             )
         if owner != (namespace, name):
             raise MigrationError(_collision(where, owner))
-    missing = [column for column in _OURS if column not in columns]
-    if columns and missing:
+    folded = {column.lower() for column in columns}
+    missing = [column for column in _OURS if column not in folded]
+    if columns and missing and key not in owners and not adopt:
         raise MigrationError(
             f"{where}, which exists and is not an aiofragno table (it has no "
             f"{', '.join(missing)} column); aiofragno leaves it alone: migrate under another "
-            "namespace, or rename that table"
+            "namespace, or rename that table; or, to make it this table, declare its columns "
+            "and migrate with adopt=True, which adds aiofragno's columns to it (its rows kept)"
         )
 
 

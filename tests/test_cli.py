@@ -63,6 +63,23 @@ def test_migrate_dry_run_then_migrate(url: str) -> None:
     assert again.returncode == 0 and again.stdout.strip() == "", again.stdout
 
 
+def test_inspect_prints_the_migrated_tables_as_json(url: str) -> None:
+    assert run("migrate", "tests.clidata.schemas:ledger", url=url).returncode == 0
+    result = run("inspect", url, "--namespace", "cliledger")
+    assert result.returncode == 0, result.stderr
+    live = json.loads(result.stdout)
+    assert live["namespace"] == "cliledger"
+    [entries] = live["tables"]
+    assert entries["table"] == "entries"
+    columns = {c["name"]: c for c in entries["columns"]}
+    assert list(columns) == ["_id", "id", "_version", "amount"]
+    assert "bigint" in columns["amount"]["types"] and not columns["amount"]["nullable"]
+    assert any(i["columns"] == ["id"] and i["unique"] for i in entries["indexes"])
+    # Without a namespace (the URL from --url): every table, aiofragno's too.
+    every = json.loads(run("inspect", "--url", url).stdout)
+    assert "fragno_db_settings" in {t["name"] for t in every["tables"]}
+
+
 def test_outbox_commands(url: str) -> None:
     run("migrate", "tests.clidata.schemas:ledger", url=url)
     # (From the newest entries on: the shared test database's outbox holds

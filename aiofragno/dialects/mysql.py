@@ -8,6 +8,7 @@ from uuid import UUID
 
 from ..driver import (
     Capabilities,
+    CatalogSql,
     CommitPlanChoice,
     DdlSpec,
     DialectAdapter,
@@ -58,6 +59,38 @@ SESSION_HOLDER_SQL = "SELECT IS_USED_LOCK(%s)"
 # once the client has gone, the server goes on running the batch, and there
 # ROW_COUNT() after an UPDATE that matched nothing is -1.
 _GUARD = "SET SESSION time_zone = IF({count} < 1, {{message}}, @@SESSION.time_zone)"
+
+# The catalog, through information_schema (aliases in lower case: MySQL
+# names its columns in upper case).
+_WHERE = "table_schema = COALESCE({schema}, DATABASE()) AND table_name = {table}"
+CATALOG = CatalogSql(
+    tables="SELECT table_name AS name FROM information_schema.tables "
+    "WHERE table_schema = COALESCE({schema}, DATABASE()) AND table_type = 'BASE TABLE' "
+    "ORDER BY table_name",
+    columns="SELECT column_name AS name, column_type AS sql_type, "
+    "is_nullable = 'YES' AS is_nullable, column_default AS default_value "
+    f"FROM information_schema.columns WHERE {_WHERE} ORDER BY ordinal_position",
+    indexes="SELECT index_name AS name, non_unique = 0 AS is_unique, "
+    "index_name = 'PRIMARY' AS is_primary, column_name AS column_name "
+    f"FROM information_schema.statistics WHERE {_WHERE} ORDER BY index_name, seq_in_index",
+    references="SELECT constraint_name AS name, ordinal_position AS position, "
+    "column_name AS column_name, "
+    "referenced_table_schema AS to_schema, referenced_table_name AS to_table, "
+    "referenced_column_name AS to_column FROM information_schema.key_column_usage "
+    f"WHERE {_WHERE} AND referenced_table_name IS NOT NULL "
+    "ORDER BY constraint_name, ordinal_position",
+    type_spellings=(
+        # Display widths (older servers: bigint(20)) mean nothing but for
+        # tinyint(1), which is how a boolean is reported.
+        (r"^(tinyint|smallint|mediumint|int|bigint)\((?!1\))\d+\)", r"\1"),
+        (r"^(smallint|mediumint|int|bigint)\(1\)", r"\1"),
+        (r"^integer\b", "int"),
+        (r"^bool(ean)?$", "tinyint(1)"),
+        # MariaDB's json is longtext with a check that it holds JSON.
+        (r"^json$", "longtext"),
+    ),
+    null_default="NULL",
+)
 
 ADAPTER = DialectAdapter(
     capabilities=Capabilities(
@@ -173,6 +206,7 @@ ADAPTER = DialectAdapter(
         lock_timeout_reset_sql="SET SESSION lock_wait_timeout = DEFAULT",
         migration_unlock_sql="SELECT RELEASE_LOCK({key})",
         drop_index_sql="DROP INDEX {index} ON {table}",
+        catalog=CATALOG,
     ),
 )
 

@@ -10,6 +10,7 @@ from typing import Any
 from ..codec import utc_instant
 from ..driver import (
     Capabilities,
+    CatalogSql,
     CommitPlanChoice,
     DdlSpec,
     DialectAdapter,
@@ -106,6 +107,55 @@ OUTBOX_TICKS_DDL = (
     # The first tick: no entry has an xid before the column exists.
     f'INSERT INTO {_TICKS_TABLE} ("snapshot") SELECT pg_current_snapshot() '
     f"WHERE NOT EXISTS (SELECT 1 FROM {_TICKS_TABLE})",
+)
+
+# The catalog, through pg_catalog (information_schema hides what the role
+# does not own, and spells types without their modifiers).
+CATALOG = CatalogSql(
+    tables="SELECT t.relname AS name FROM pg_class t JOIN pg_namespace n "
+    "ON n.oid = t.relnamespace WHERE n.nspname = COALESCE({schema}, current_schema()) "
+    "AND t.relkind IN ('r', 'p') ORDER BY t.relname",
+    columns="SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS sql_type, "
+    "NOT a.attnotnull AS is_nullable, pg_get_expr(d.adbin, d.adrelid) AS default_value "
+    "FROM pg_attribute a JOIN pg_class t ON t.oid = a.attrelid "
+    "JOIN pg_namespace n ON n.oid = t.relnamespace "
+    "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+    "WHERE n.nspname = COALESCE({schema}, current_schema()) AND t.relname = {table} "
+    "AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+    indexes="SELECT i.relname AS name, x.indisunique AS is_unique, x.indisprimary AS is_primary, "
+    "a.attname AS column_name FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+    "JOIN pg_class t ON t.oid = x.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace "
+    "CROSS JOIN LATERAL unnest(CAST(x.indkey AS int2[])) WITH ORDINALITY AS k(attnum, position) "
+    "LEFT JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum "
+    "WHERE n.nspname = COALESCE({schema}, current_schema()) AND t.relname = {table} "
+    "ORDER BY i.relname, k.position",
+    references="SELECT c.conname AS name, k.position, a.attname AS column_name, rn.nspname AS to_schema, "
+    "r.relname AS to_table, ra.attname AS to_column FROM pg_constraint c "
+    "JOIN pg_class t ON t.oid = c.conrelid JOIN pg_namespace n ON n.oid = t.relnamespace "
+    "JOIN pg_class r ON r.oid = c.confrelid JOIN pg_namespace rn ON rn.oid = r.relnamespace "
+    "CROSS JOIN LATERAL unnest(c.conkey, c.confkey) WITH ORDINALITY AS k(col, ref, position) "
+    "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.col "
+    "JOIN pg_attribute ra ON ra.attrelid = c.confrelid AND ra.attnum = k.ref "
+    "WHERE c.contype = 'f' AND n.nspname = COALESCE({schema}, current_schema()) "
+    "AND t.relname = {table} ORDER BY c.conname, k.position",
+    # format_type's spelling; the short names are what DdlSpec.types writes.
+    type_spellings=(
+        (r' collate "[^"]*"', ""),
+        (r"^varchar(?=$|\(|\[)", "character varying"),
+        (r"^char(?=$|\(|\[)", "character"),
+        (r"^decimal(?=$|\(|\[)", "numeric"),
+        (r"^timestamptz(?=$|\[)", "timestamp with time zone"),
+        (r"^timestamp(?=$|\[)", "timestamp without time zone"),
+        (r"^timetz(?=$|\[)", "time with time zone"),
+        (r"^time(?=$|\[)", "time without time zone"),
+        (r"^int8(?=$|\[)", "bigint"),
+        (r"^int4?(?=$|\[)", "integer"),
+        (r"^int2(?=$|\[)", "smallint"),
+        (r"^float8(?=$|\[)", "double precision"),
+        (r"^float4(?=$|\[)", "real"),
+        (r"^bool(?=$|\[)", "boolean"),
+    ),
+    default_casts=r"(?:::[a-z_ ]+(?:\([0-9, ]*\))?(?:\[\])?)+$",
 )
 
 ADAPTER = DialectAdapter(
@@ -207,6 +257,7 @@ ADAPTER = DialectAdapter(
         "AS text), TRUE)",
         current_schema_sql="SELECT current_schema() AS name",
         outbox_ticks_sql=OUTBOX_TICKS_DDL,
+        catalog=CATALOG,
     ),
 )
 

@@ -14,6 +14,7 @@ from ..brief import brief
 from ..codec import utc_instant
 from ..driver import (
     Capabilities,
+    CatalogSql,
     CommitPlanChoice,
     DdlSpec,
     DialectAdapter,
@@ -41,6 +42,23 @@ from .common import SessionChanges, json_param, uuid_bytes
 
 # The SQLite library version from which RETURNING is understood.
 RETURNING_SINCE = (3, 35, 0)
+
+# The catalog, through the pragma functions (a database has no schemas:
+# {schema} is not used). An INTEGER PRIMARY KEY is the rowid: never NULL.
+CATALOG = CatalogSql(
+    tables="SELECT name FROM sqlite_master WHERE type = 'table' "
+    "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name",
+    columns="SELECT name, type AS sql_type, "
+    "NOT (\"notnull\" OR (pk > 0 AND lower(type) = 'integer')) AS is_nullable, "
+    "dflt_value AS default_value FROM pragma_table_info({table}) ORDER BY cid",
+    indexes="SELECT il.name AS name, il.\"unique\" AS is_unique, il.origin = 'pk' AS is_primary, "
+    "ii.name AS column_name FROM pragma_index_list({table}) AS il, "
+    "pragma_index_info(il.name) AS ii ORDER BY il.name, ii.seqno",
+    references='SELECT NULL AS name, fk.seq + 1 AS position, fk."from" AS column_name, NULL AS to_schema, '
+    'fk."table" AS to_table, fk."to" AS to_column '
+    "FROM pragma_foreign_key_list({table}) AS fk ORDER BY fk.id, fk.seq",
+    type_spellings=((r"\s+", " "),),
+)
 
 _BASE = DialectAdapter(
     capabilities=Capabilities(
@@ -131,6 +149,8 @@ _BASE = DialectAdapter(
         columns_sql="SELECT name FROM pragma_table_info({table})",
         indexes_sql="SELECT name FROM pragma_index_list({table})",
         add_column_references=True,
+        catalog=CATALOG,
+        add_primary_key=False,
     ),
 )
 

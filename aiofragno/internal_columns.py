@@ -1,0 +1,138 @@
+"""Re-adding aiofragno's own columns to a table that lacks them.
+
+A table of ours whose ``_version``, ``id`` or ``_id`` was dropped by hand,
+and a table adopted with ``migrate(..., adopt=True)``, get them back with a
+value for every row that is there:
+
+* ``_version`` — added ``NOT NULL DEFAULT 0``;
+* ``_id`` — added as the primary key, numbered by the database (PostgreSQL
+  identity, MySQL ``AUTO_INCREMENT``); SQLite cannot add a primary key, so
+  the table is rebuilt from the declaration (rename, create, copy with
+  ``_id`` = the old ``rowid``, drop) in the migration's transaction;
+* ``id`` — added ``NOT NULL DEFAULT ''``, each row given a new external id
+  (UUIDv7, bound, 250 rows an ``UPDATE``), then made unique by the index
+  ``<index prefix>_external_id``.
+
+Rows keep their data and are read and written by units of work afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .introspection import LiveTable
+from .schema import EXTERNAL_ID, INTERNAL_ID, VERSION, new_external_id
+from .schema_diff import EXTERNAL_ID_INDEX
+from .sql import Fragment, Identifier, sql
+
+if TYPE_CHECKING:
+    from .migrate import Migrator
+    from .naming import PhysicalTable
+
+# Rows given new external ids by one statement.
+_CHUNK = 250
+
+
+async def heal(
+    migrator: Migrator, physical: PhysicalTable, live: LiveTable, *, dry_run: bool
+) -> bool:
+    """Add the internal columns ``live`` lacks; True when the table was
+    rebuilt from the declaration (its declared columns and no index exist)."""
+    ddl = migrator.ddl
+    table = ddl.name(physical.identifier)
+    spec = ddl.spec
+    if live.column(VERSION) is None:
+        statement = (
+            f"ALTER TABLE {table} ADD COLUMN {ddl.quote(VERSION)} {spec.types['version']} "
+            "NOT NULL DEFAULT 0"
+        )
+        await migrator.run(statement, dry_run=dry_run)
+    if live.column(INTERNAL_ID) is None:
+        if not spec.add_primary_key:
+            await _rebuild(migrator, physical, live, dry_run=dry_run)
+            return True
+        statement = f"ALTER TABLE {table} ADD COLUMN {ddl.quote(INTERNAL_ID)} {spec.primary_key}"
+        await migrator.run(statement, dry_run=dry_run)
+    if live.column(EXTERNAL_ID) is None:
+        statement = (
+            f"ALTER TABLE {table} ADD COLUMN {ddl.quote(EXTERNAL_ID)} "
+            f"{spec.types['external_id']} NOT NULL DEFAULT ''"
+        )
+        await migrator.run(statement, dry_run=dry_run)
+        await _new_external_ids(migrator, physical, dry_run=dry_run)
+    return False
+
+
+async def _new_external_ids(migrator: Migrator, physical: PhysicalTable, *, dry_run: bool) -> None:
+    """Give every row a new external id, then make the ids unique."""
+    if not dry_run:
+        await _assign_external_ids(migrator, physical)
+    await unique_external_ids(migrator, physical, dry_run=dry_run)
+
+
+async def unique_external_ids(
+    migrator: Migrator, physical: PhysicalTable, *, dry_run: bool
+) -> None:
+    """The unique index on ``id``, for a table whose ids are not unique."""
+    ddl = migrator.ddl
+    name = ddl.quote(migrator.layout.index_name(physical.table.name, EXTERNAL_ID_INDEX))
+    statement = (
+        f"CREATE UNIQUE INDEX {name} ON {ddl.name(physical.identifier)} ({ddl.quote(EXTERNAL_ID)})"
+    )
+    await migrator.run(statement, dry_run=dry_run)
+
+
+async def _rebuild(
+    migrator: Migrator, physical: PhysicalTable, live: LiveTable, *, dry_run: bool
+) -> None:
+    """Where a primary key cannot be added (SQLite): move the rows into the
+    table created from the declaration, ``_id`` taken from the ``rowid``
+    (unique placeholders for ``id`` where it is missing, replaced at once)."""
+    ddl = migrator.ddl
+    quote = ddl.quote
+    old = quote(f"{physical.name}__aiofragno_old")
+    await migrator.run(
+        f"ALTER TABLE {ddl.name(physical.identifier)} RENAME TO {old}", dry_run=dry_run
+    )
+    await migrator.run(ddl.create_table(physical, migrator.layout), dry_run=dry_run)
+    copied = [
+        quote(c.name) for c in physical.table.columns.values() if live.column(c.name) is not None
+    ]
+    if live.column(VERSION) is not None:
+        copied.append(quote(VERSION))
+    has_id = live.column(EXTERNAL_ID) is not None
+    source = quote(EXTERNAL_ID) if has_id else "CAST(rowid AS TEXT)"
+    targets = ", ".join([quote(INTERNAL_ID), quote(EXTERNAL_ID), *copied])
+    values = ", ".join(["rowid", source, *copied])
+    await migrator.run(
+        f"INSERT INTO {ddl.name(physical.identifier)} ({targets}) SELECT {values} FROM {old}",
+        dry_run=dry_run,
+    )
+    await migrator.run(f"DROP TABLE {old}", dry_run=dry_run)
+    if not has_id and not dry_run:
+        await _assign_external_ids(migrator, physical)
+
+
+async def _assign_external_ids(migrator: Migrator, physical: PhysicalTable) -> None:
+    """A new external id for every row: bound values, ``_CHUNK`` rows a
+    statement (within SQLite's oldest limit of 999 parameters)."""
+    session, compile = migrator.session, migrator.compile
+    internal, external = Identifier(INTERNAL_ID), Identifier(EXTERNAL_ID)
+    rows = await session.execute(
+        compile(sql("SELECT {i} AS i FROM {t}", i=internal, t=physical.identifier))
+    )
+    keys = [row["i"] for row in rows.rows]
+    for start in range(0, len(keys), _CHUNK):
+        chunk = keys[start : start + _CHUNK]
+        whens = Fragment.join(
+            (sql("WHEN {k} THEN {v}", k=key, v=new_external_id()) for key in chunk), " "
+        )
+        update = sql(
+            "UPDATE {t} SET {e} = CASE {i} {whens} END WHERE {i} IN {keys}",
+            t=physical.identifier,
+            e=external,
+            i=internal,
+            whens=whens,
+            keys=chunk,
+        )
+        await session.execute(compile(update))

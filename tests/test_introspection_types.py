@@ -26,7 +26,10 @@ LITE = sqlite._BASE.ddl
     [
         (PG, "character varying(20)", ("varchar(20)",)),
         (PG, "timestamp with time zone", ("timestamp",)),
-        (PG, "text", ("string", "text")),
+        (PG, "text", ("string", "text", "enum")),
+        (PG, "uuid", ("uuid",)),
+        (PG, "smallint", ("smallint",)),
+        (PG, "double precision", ("float",)),
         (PG, "numeric", ("decimal",)),
         (PG, "boolean", ("bool",)),
         (PG, "jsonb", ("json",)),
@@ -36,12 +39,14 @@ LITE = sqlite._BASE.ddl
         (MY, "int(11)", ("integer",)),
         (MY, "tinyint(1)", ("bool",)),
         (MY, "tinyint(4)", ()),
-        (MY, "varchar(255)", ("string", "varchar(255)")),
+        (MY, "varchar(255)", ("string", "enum", "varchar(255)")),
+        (MY, "binary(16)", ("uuid",)),
+        (MY, "time(6)", ("time",)),
         (MY, "datetime(6)", ("timestamp",)),
         (MY, "decimal(65,30)", ("decimal",)),
         (MY, "json", ("text", "json")),  # MySQL's json; MariaDB says longtext
         (LITE, "VARCHAR(12)", ("varchar(12)",)),
-        (LITE, "blob", ("binary",)),
+        (LITE, "blob", ("binary", "uuid")),
         (LITE, "bigint", ()),
     ],
 )

@@ -54,6 +54,9 @@ class Database(Queries):
     def __init__(self, dialect: Dialect, url: DatabaseURL, options: Options, backend: str) -> None:
         # What the features run on (aiofragno.engine); this is the facade over it.
         self._engine = engine = Engine(dialect, url, options, backend)
+        # The query methods run the engine's _run itself: no call of ours
+        # per statement (the method below is what the class declares).
+        self._run = engine._run  # type: ignore[method-assign]
         self.dialect = dialect
         self.url = url
         self.options = options
@@ -285,7 +288,7 @@ class Database(Queries):
         await self.close()
 
     def _run(self, query: Fragment) -> Coroutine[Any, Any, QueryResult]:
-        # The engine's coroutine itself: no coroutine of our own per statement.
+        # (Shadowed by the engine's own, bound in __init__.)
         return self._engine._run(query)
 
     async def open(self) -> None:

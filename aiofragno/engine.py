@@ -41,11 +41,11 @@ from .errors import (
 )
 from .outbox.writer import EntryStatements, OutboxStatements, TickedStatements
 from .queries import Queries
-from .resilience import Deadline, retry_read, shared_deadline
+from .resilience import Deadline, is_retryable_loss, retry_read_after, shared_deadline
 from .session import Session
 from .sql import Fragment
 from .stats import Stats
-from .transaction import TransactionContext, current_transaction
+from .transaction import TransactionContext, current_transaction, transaction_stack
 from .uow.plans import CommitPlan
 from .uow.plans import choose as choose_plan
 from .url import DatabaseURL, Options, OutboxStrategy
@@ -178,28 +178,39 @@ class Engine(Queries):
             )
 
     async def _run(self, query: Fragment) -> QueryResult:
-        tx = current_transaction(self)
-        if tx is not None:
-            return await tx.execute(query)
+        # (No transaction open in this context, the usual case, costs no call.)
+        if transaction_stack.get() is not None:
+            tx = current_transaction(self)
+            if tx is not None:
+                return await tx.execute(query)
         compiled = self.compiler.compile(query)
-        # Only plain SELECTs are retried after a lost connection: anything else
-        # (INSERT ... RETURNING through fetch, say) might have taken effect.
-        if leading_keyword(compiled.sql) == "select":
-            return await retry_read(
-                self.options.reconnect_deadline, functools.partial(self._execute, compiled)
+        # (An idle connection, the usual case, takes no coroutine of its own.)
+        session = self.take_idle()
+        try:
+            return await self._execute(compiled, session or await self.acquire())
+        except (ConnectionLost, DatabaseUnavailable) as exc:
+            # Only plain SELECTs are retried after a lost connection: anything
+            # else (INSERT ... RETURNING through fetch, say) might have taken
+            # effect. (A checkout that failed has already waited out the deadline.)
+            if leading_keyword(compiled.sql) != "select" or not is_retryable_loss(exc):
+                raise
+            return await retry_read_after(
+                exc, self.options.reconnect_deadline, functools.partial(self._run_again, compiled)
             )
-        return await self._execute(compiled)
 
-    async def _execute(self, compiled: CompiledQuery) -> QueryResult:
-        """``compiled`` on a connection of its own, outside any transaction.
-        A statement that may change the session (see
+    async def _run_again(self, compiled: CompiledQuery) -> QueryResult:
+        return await self._execute(compiled, await self.acquire())
+
+    async def _execute(self, compiled: CompiledQuery, session: Session) -> QueryResult:
+        """``compiled`` on ``session``, outside any transaction; the session
+        released after. A statement that may change the session (see
         :attr:`DialectAdapter.session_changes`) gets its connection reset
         before reuse; one that leaves a transaction open is refused."""
-        session = await self.acquire()
         try:
-            session.dirty = self.adapter.session_changes(compiled.sql)
+            dirty = session.dirty = self.adapter.session_changes(compiled.sql)
             result = await session.execute(compiled)
-            if session.connection.in_transaction:
+            connection = session.connection
+            if connection.in_transaction:
                 session.dirty = True
                 raise ProgrammingError(
                     f"{compiled.sql[:60]!r} left its connection in a transaction, which would "
@@ -207,9 +218,33 @@ class Engine(Queries):
                     "outside db.transaction()); it has been rolled back. Run statements "
                     "that belong together in `async with db.transaction() as tx:`"
                 )
-            return result
-        finally:
+        except BaseException:
             await self.release(session)
+            raise
+        # (Neither broken, interrupted nor in a transaction, as put_back checks.)
+        if dirty or not self._driver.return_idle_connection(connection):
+            await self.release(session)
+        return result
+
+    def take_idle(self) -> Session | None:
+        """:meth:`acquire` without awaiting anything, when the pool has a
+        connection ready; else None (then :meth:`acquire`)."""
+        if self._closed:
+            self.check_open()
+        connection = self._driver.take_idle_connection()
+        return None if connection is None else Session(connection, self.dialect.translate_error)
+
+    def put_back(self, session: Session) -> bool:
+        """:meth:`release` without awaiting anything, for a session that
+        needs no reset; False (nothing done) when it must go through
+        :meth:`release`."""
+        return not (
+            session.broken
+            or session.interrupted
+            or session.in_transaction
+            or session.dirty
+            or session.connection.in_transaction
+        ) and self._driver.return_idle_connection(session.connection)
 
     async def acquire(self, *, wait: bool = True) -> Session:
         """A connection from the pool, wrapped in a :class:`Session`. While the
@@ -250,18 +285,11 @@ class Engine(Queries):
         server still has a transaction open on it, discard it if it broke
         (or a reset failed). So the next caller gets the session as it was
         after connect."""
-        connection = session.connection
-        if not (
-            session.broken
-            or session.interrupted
-            or session.in_transaction
-            or session.dirty
-            or connection.in_transaction
-        ):
+        if self.put_back(session):
             # Clean: going back to the idle list awaits nothing that could be
             # cancelled, so no shielded scope is needed.
-            await self._driver.release_connection(connection)
             return
+        connection = session.connection
         with runtime.shielded(runtime.CLEANUP_TIMEOUT):
             discard = session.broken
             try:

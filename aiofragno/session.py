@@ -67,7 +67,17 @@ class Session:
     async def execute(self, query: CompiledQuery) -> QueryResult:
         if logger.isEnabledFor(logging.DEBUG):
             _log(query)
-        return await self._call(self.connection.execute_query(query))
+        # (What _call does, written out: every statement comes through here.)
+        try:
+            return await self.connection.execute_query(query)
+        except Exception as exc:
+            error = self.fail(exc)
+            if error is exc:
+                raise
+            raise error from exc
+        except BaseException:
+            self.interrupted = True
+            raise
 
     async def execute_batch(
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None

@@ -78,14 +78,19 @@ class Transaction(Queries):
         return TransactionContext(self.db, None, parent=self)
 
 
-_current: ContextVar[Transaction | None] = ContextVar("aiofragno_transaction", default=None)
+# The innermost transaction open in this context (of any Database), the
+# others through ``outer``; None when none is, the usual case, which the
+# engine checks before it looks for its own (current_transaction).
+transaction_stack: ContextVar[Transaction | None] = ContextVar(
+    "aiofragno_transaction", default=None
+)
 
 
 def current_transaction(db: TransactionHost) -> Transaction | None:
     """The innermost transaction of ``db`` open in this context, if any (a
     task started inside a transaction inherits the context, and may outlive
     the transaction)."""
-    tx = _current.get()
+    tx = transaction_stack.get()
     while tx is not None and (tx.db is not db or tx.ended):
         tx = tx.outer
     return tx
@@ -97,11 +102,11 @@ def outside_transactions() -> Iterator[None]:
     transaction the caller has open: for aiofragno's own bookkeeping, whose
     reads and locks must not become part of (and last as long as) the
     caller's transaction."""
-    token = _current.set(None)
+    token = transaction_stack.set(None)
     try:
         yield
     finally:
-        _current.reset(token)
+        transaction_stack.reset(token)
 
 
 class TransactionContext:
@@ -138,8 +143,8 @@ class TransactionContext:
         except BaseException:
             await self._db.release(session)
             raise
-        self._tx = Transaction(self._db, session, _current.get())
-        self._token = _current.set(self._tx)
+        self._tx = Transaction(self._db, session, transaction_stack.get())
+        self._token = transaction_stack.set(self._tx)
         return self._tx
 
     async def __aexit__(
@@ -153,7 +158,7 @@ class TransactionContext:
         if self._savepoint is not None:
             await self._end_savepoint(tx, failed=exc is not None)
             return
-        _current.reset(self._token)
+        transaction_stack.reset(self._token)
         tx.ended = True  # (from now on, other tasks' statements are refused)
         try:
             if exc is None:

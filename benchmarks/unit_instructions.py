@@ -45,8 +45,11 @@ from typing import Any
 SMALL, LARGE = 100, 600
 URLS = {
     "sqlite": None,  # a file in a temporary directory
-    "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
-    "mysql": "mysql://root@127.0.0.1:3306/test",
+    # (The test suite's servers, by the same variables.)
+    "postgresql": os.environ.get(
+        "AIOFRAGNO_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+    ),
+    "mysql": os.environ.get("AIOFRAGNO_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
 }
 WORKLOADS = (
     "transfer",
@@ -168,9 +171,13 @@ class RawAsyncmy:
         import asyncmy
         from asyncmy.constants import CLIENT
 
+        from aiofragno.url import parse_url
+
+        parsed = parse_url(url)
         self = cls()
         self.pool = await asyncmy.create_pool(
-            host="127.0.0.1", port=3306, user="root", password="", db="test",
+            host=parsed.host, port=parsed.port or 3306, user=parsed.username or "root",
+            password=parsed.password or "", db=parsed.database,
             autocommit=True, charset="utf8mb4", client_flag=CLIENT.FOUND_ROWS,
             minsize=1, maxsize=1,
         )  # fmt: skip

@@ -182,21 +182,26 @@ _BASES: tuple[tuple[type, Callable[[Any], str]], ...] = (
 
 
 def _literal(value: Any) -> str:
-    write = _LITERALS.get(type(value))
+    write = _LITERALS.get(type(value)) or _subclass_literal
+    return write(value)
+
+
+def _subclass_literal(value: Any) -> str:
+    write = next((w for base, w in _BASES if isinstance(value, base)), None)
     if write is None:
-        write = next((w for base, w in _BASES if isinstance(value, base)), None)
-        if write is None:
-            raise ValidationError(
-                f"cannot bind a {type(value).__name__} value on MySQL; convert it "
-                "(for example str(value)) before passing it"
-            )
+        raise ValidationError(
+            f"cannot bind a {type(value).__name__} value on MySQL; convert it "
+            "(for example str(value)) before passing it"
+        )
     return write(value)
 
 
 def _bind(sql: str, parameters: Sequence[Any]) -> str:
     """``sql`` with ``parameters`` as literals (``%`` in ``sql`` itself comes
     doubled from the compiler, so the formatting runs even without any)."""
-    return sql % tuple(map(_literal, parameters))
+    # (_literal written out: one call per value, not two.)
+    literals, other = _LITERALS, _subclass_literal
+    return sql % tuple([literals.get(type(value), other)(value) for value in parameters])
 
 
 # How much SQL text one round trip carries at most (in characters, up to 4
@@ -266,18 +271,31 @@ class AsyncmyConnection:
         return bool(status & SERVER_STATUS_IN_TRANS or not status & SERVER_STATUS_AUTOCOMMIT)
 
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
-        return (await self.execute_batch((query,)))[0]
+        if self._begin.pending is not None:
+            return (await self.execute_batch((query,)))[0]
+        # (One statement, the usual case, without the batch's bookkeeping;
+        # _read_result and _keep_status written out.)
+        raw = self._raw
+        async with raw.cursor() as cursor:
+            await cursor.execute(_bind(*query))
+            description = cursor.description
+            if description is None:
+                result = QueryResult([], cursor.rowcount, cursor.lastrowid or None)
+            else:
+                tuples = await cursor.fetchall()
+                index, utc = _columns(description)
+                if utc:
+                    tuples = _utc_rows(utc, tuples)
+                result = QueryResult([Row(index, values) for values in tuples], len(tuples))
+        if raw._result is not None:
+            raw.server_status = raw._result.server_status
+        return result
 
     async def execute_batch(
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
     ) -> list[QueryResult]:
         if len(queries) == 1 and self._begin.pending is None:
-            # (One statement, the usual case, without the batch's bookkeeping.)
-            async with self._raw.cursor() as cursor:
-                await cursor.execute(_bind(*queries[0]))
-                result = await _read_result(cursor)
-            _keep_status(self._raw)
-            return [result]
+            return [await self.execute_query(queries[0])]
         lead = self._begin.take() or ()
         texts = [*lead, *(_bind(*query) for query in queries)]
         results: list[QueryResult] = []

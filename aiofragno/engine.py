@@ -14,6 +14,7 @@ schemas and their layouts, migrations.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Callable
 
@@ -42,7 +43,7 @@ from .errors import (
 from .outbox.writer import EntryStatements, OutboxStatements, TickedStatements
 from .queries import Queries
 from .resilience import Deadline, is_retryable_loss, retry_read_after, shared_deadline
-from .session import Session
+from .session import Session, log_statement, logger
 from .sql import Fragment
 from .stats import Stats
 from .transaction import TransactionContext, current_transaction, transaction_stack
@@ -184,10 +185,13 @@ class Engine(Queries):
             if tx is not None:
                 return await tx.execute(query)
         compiled = self.compiler.compile(query)
-        # (An idle connection, the usual case, takes no coroutine of its own.)
-        session = self.take_idle()
         try:
-            return await self._execute(compiled, session or await self.acquire())
+            # (An idle connection, the usual case, takes no coroutine of its
+            # own; acquire raises DatabaseClosed.)
+            connection = None if self._closed else self._driver.take_idle_connection()
+            if connection is None:
+                connection = (await self.acquire()).connection
+            return await self._execute(compiled, connection)
         except (ConnectionLost, DatabaseUnavailable) as exc:
             # Only plain SELECTs are retried after a lost connection: anything
             # else (INSERT ... RETURNING through fetch, say) might have taken
@@ -199,52 +203,47 @@ class Engine(Queries):
             )
 
     async def _run_again(self, compiled: CompiledQuery) -> QueryResult:
-        return await self._execute(compiled, await self.acquire())
+        return await self._execute(compiled, (await self.acquire()).connection)
 
-    async def _execute(self, compiled: CompiledQuery, session: Session) -> QueryResult:
-        """``compiled`` on ``session``, outside any transaction; the session
-        released after. A statement that may change the session (see
-        :attr:`DialectAdapter.session_changes`) gets its connection reset
-        before reuse; one that leaves a transaction open is refused."""
+    async def _execute(self, compiled: CompiledQuery, connection: Connection) -> QueryResult:
+        """``compiled`` on ``connection`` (just checked out), outside any
+        transaction; the connection released after. A statement that may
+        change the session (see :attr:`DialectAdapter.session_changes`) gets
+        its connection reset before reuse; one that leaves a transaction
+        open is refused.
+
+        (What :meth:`Session.execute` and :meth:`release` do, for the usual
+        statement that succeeds and leaves the connection clean: the Session
+        that notes what happened to the connection is made only when
+        something did.)"""
+        dirty = self.adapter.session_changes(compiled.sql)
+        if logger.isEnabledFor(logging.DEBUG):
+            log_statement(compiled)
         try:
-            dirty = session.dirty = self.adapter.session_changes(compiled.sql)
-            result = await session.execute(compiled)
-            connection = session.connection
-            if connection.in_transaction:
-                session.dirty = True
-                raise ProgrammingError(
-                    f"{compiled.sql[:60]!r} left its connection in a transaction, which would "
-                    "have outlived the statement (BEGIN, START TRANSACTION or autocommit off "
-                    "outside db.transaction()); it has been rolled back. Run statements "
-                    "that belong together in `async with db.transaction() as tx:`"
-                )
-        except BaseException:
+            result = await connection.execute_query(compiled)
+        except BaseException as exc:
+            session = self._session(connection, dirty)
+            error = session.settle(exc)
             await self.release(session)
-            raise
-        # (Neither broken, interrupted nor in a transaction, as put_back checks.)
+            if error is exc:
+                raise
+            raise error from exc
+        if connection.in_transaction:
+            await self.release(self._session(connection, True))
+            raise ProgrammingError(
+                f"{compiled.sql[:60]!r} left its connection in a transaction, which would "
+                "have outlived the statement (BEGIN, START TRANSACTION or autocommit off "
+                "outside db.transaction()); it has been rolled back. Run statements "
+                "that belong together in `async with db.transaction() as tx:`"
+            )
         if dirty or not self._driver.return_idle_connection(connection):
-            await self.release(session)
+            await self.release(self._session(connection, dirty))
         return result
 
-    def take_idle(self) -> Session | None:
-        """:meth:`acquire` without awaiting anything, when the pool has a
-        connection ready; else None (then :meth:`acquire`)."""
-        if self._closed:
-            self.check_open()
-        connection = self._driver.take_idle_connection()
-        return None if connection is None else Session(connection, self.dialect.translate_error)
-
-    def put_back(self, session: Session) -> bool:
-        """:meth:`release` without awaiting anything, for a session that
-        needs no reset; False (nothing done) when it must go through
-        :meth:`release`."""
-        return not (
-            session.broken
-            or session.interrupted
-            or session.in_transaction
-            or session.dirty
-            or session.connection.in_transaction
-        ) and self._driver.return_idle_connection(session.connection)
+    def _session(self, connection: Connection, dirty: bool) -> Session:
+        session = Session(connection, self.dialect.translate_error)
+        session.dirty = dirty
+        return session
 
     async def acquire(self, *, wait: bool = True) -> Session:
         """A connection from the pool, wrapped in a :class:`Session`. While the
@@ -285,11 +284,18 @@ class Engine(Queries):
         server still has a transaction open on it, discard it if it broke
         (or a reset failed). So the next caller gets the session as it was
         after connect."""
-        if self.put_back(session):
+        connection = session.connection
+        if not (
+            session.broken
+            or session.interrupted
+            or session.in_transaction
+            or session.dirty
+            or connection.in_transaction
+        ):
             # Clean: going back to the idle list awaits nothing that could be
             # cancelled, so no shielded scope is needed.
+            await self._driver.release_connection(connection)
             return
-        connection = session.connection
         with runtime.shielded(runtime.CLEANUP_TIMEOUT):
             discard = session.broken
             try:

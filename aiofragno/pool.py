@@ -130,10 +130,11 @@ class Pool:
     def put_back(self, connection: Connection) -> bool:
         """Return ``connection`` (in use, unchanged) to the idle list without
         awaiting anything; False, doing nothing, when it must go through
-        :meth:`release` instead (the pool is closed, the connection closed or
-        not this pool's)."""
+        :meth:`release` instead (the pool is closed, or the connection is not
+        this pool's)."""
         created = self._in_use.get(connection)
-        if created is None or self._closed or connection.is_closed:
+        # (One that closed since is closed and replaced at its next checkout.)
+        if created is None or self._closed:
             return False
         del self._in_use[connection]
         self._idle.append((connection, created, runtime.monotonic()))

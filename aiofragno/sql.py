@@ -21,6 +21,7 @@ statements are combined in, then rendered with the dialect's placeholders.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import string
@@ -174,9 +175,9 @@ class Fragment:
 
     def _has_no_values(self) -> bool:
         """Whether this fragment compiles to SQL text without parameters."""
-        if self._parts is None:
+        if self._params is not None:
             return not self._params
-        return all(type(part) is str for part in self._parts)
+        return all(type(part) is str for part in self.parts)
 
 
 _Part = str | _Param | _InList | Identifier | Fragment
@@ -352,42 +353,37 @@ class SqlCompiler:
         ``af.sql`` fragment whose holes hold plain values or value-less
         fragments and identifiers is looked up by its template (and those
         fragments and identifiers): it is the same every time."""
-        if type(node) is Fragment and node._parts is None:
-            compiled = self._compile_memo(node)
-            if compiled is not None:
-                return compiled
-        pieces, params = self._pieces(node)
-        return CompiledQuery(self._render(pieces), tuple(params))
-
-    def _compile_memo(self, node: Fragment) -> CompiledQuery | None:
-        """:meth:`compile` by the memo of texts; None where it does not apply."""
-        shape, given = node._shape, node._params
-        assert shape is not None and given is not None
-        plain, encoders = self._plain, self._encoders
-        params: list[Any] = []
-        spliced: list[object] = []
-        for name in shape.order:
-            value = given[name]
-            kind = type(value)
-            if kind in plain:
-                encoder = encoders.get(kind)
-                params.append(value if encoder is None else encoder(value))
-            elif kind is Identifier or (
-                kind is Fragment
-                and (value._params == {} if value._parts is None else value._has_no_values())
-            ):
-                spliced.append(value)
+        shape = node._shape if type(node) is Fragment else None
+        if shape is not None:
+            given = node._params
+            assert given is not None
+            plain, encoders = self._plain, self._encoders
+            params: list[Any] = []
+            spliced: list[object] = []
+            for name in shape.order:
+                value = given[name]
+                kind = type(value)
+                if kind in plain:
+                    encoder = encoders.get(kind)
+                    params.append(value if encoder is None else encoder(value))
+                elif kind is Identifier or (
+                    kind is Fragment and (value._params == {} or value._has_no_values())
+                ):
+                    spliced.append(value)
+                else:
+                    break  # (a list, a fragment with values, ...: compiled in full)
             else:
-                return None
-        key = (shape, *spliced) if spliced else shape
-        memo = self._texts
-        text = memo.get(key)
-        if text is None:
-            text = self._render(self._pieces(node)[0])
-            if len(memo) >= _MEMO_SIZE:
-                memo.clear()  # (templates built at run time: start over)
-            memo[key] = text
-        return CompiledQuery(text, tuple(params))
+                key = (shape, *spliced) if spliced else shape
+                memo = self._texts
+                text = memo.get(key)
+                if text is None:
+                    text = self._render(self._pieces(node)[0])
+                    if len(memo) >= _MEMO_SIZE:
+                        memo.clear()  # (templates built at run time: start over)
+                    memo[key] = text
+                return _compiled((text, tuple(params)))
+        pieces, values = self._pieces(node)
+        return CompiledQuery(self._render(pieces), tuple(values))
 
     def compile_parts(self, node: Fragment) -> tuple[SqlText, tuple[Any, ...]]:
         """``node`` as text with a slot per parameter, and the parameters
@@ -514,6 +510,9 @@ _PLAIN: Final = frozenset(
     {str, int, float, bool, type(None), bytes, Decimal, datetime, date, time, timedelta, UUID}
 )
 _MEMO_SIZE: Final = 1024
+# CompiledQuery(text, parameters) without the NamedTuple's own __new__ (a
+# Python call).
+_compiled: Final = functools.partial(tuple.__new__, CompiledQuery)
 
 
 @lru_cache(maxsize=256)

@@ -273,23 +273,32 @@ class AsyncmyConnection:
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
         if self._begin.pending is not None:
             return (await self.execute_batch((query,)))[0]
-        # (One statement, the usual case, without the batch's bookkeeping;
-        # _read_result and _keep_status written out.)
+        # One statement, the usual case, goes without the batch's bookkeeping
+        # and without a cursor: the connection's own query call, whose
+        # result the cursor would only copy. (Nor does it fetch the
+        # statement's warnings with a SHOW WARNINGS round trip, to log them,
+        # as the cursor does: aiofragno raises errors, and runs in strict
+        # mode, where what would lose data is an error.)
         raw = self._raw
-        async with raw.cursor() as cursor:
-            await cursor.execute(_bind(*query))
-            description = cursor.description
-            if description is None:
-                result = QueryResult([], cursor.rowcount, cursor.lastrowid or None)
-            else:
-                tuples = await cursor.fetchall()
-                index, utc = _columns(description)
-                if utc:
-                    tuples = _utc_rows(utc, tuples)
-                result = QueryResult([Row(index, values) for values in tuples], len(tuples))
-        if raw._result is not None:
-            raw.server_status = raw._result.server_status
-        return result
+        await raw.query(_bind(*query))
+        result = raw._result
+        raw.server_status = result.server_status  # (see _keep_status)
+        description = result.description
+        if description is None:
+            read = QueryResult([], result.affected_rows, result.insert_id or None)
+        else:
+            tuples = result.rows
+            index, utc = _columns(description)
+            if utc:
+                tuples = _utc_rows(utc, tuples)
+            read = QueryResult([Row(index, values) for values in tuples], len(tuples))
+        if result.has_next:
+            # (Text holding more statements: the cursor reads their
+            # results too, errors included, so that the next command can go.)
+            while raw._result.has_next:
+                await raw.next_result()
+            _keep_status(raw)
+        return read
 
     async def execute_batch(
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None

@@ -17,7 +17,6 @@ from .driver import (
     Dialect,
     DialectAdapter,
     IsolationLevel,
-    QueryResult,
 )
 from .engine import Engine, check_isolation
 from .errors import Error, ValidationError
@@ -27,7 +26,7 @@ from .migration_lock import DEFAULT_LOCK_TIMEOUT, check_lock_timeout
 from .naming import Layout, PhysicalNames, resolve_naming
 from .outbox import OutboxReader
 from .ownership import INTERNAL_TABLES
-from .queries import Queries
+from .queries import Queries, Read
 from .schema import Schema, TableIdentity, _check_name
 from .server_sessions import end_server_session_reconnecting
 from .sql import Fragment
@@ -287,9 +286,9 @@ class Database(Queries):
     ) -> None:
         await self.close()
 
-    def _run(self, query: Fragment) -> Coroutine[Any, Any, QueryResult]:
+    def _run(self, query: Fragment, read: Read[T]) -> Coroutine[Any, Any, T]:
         # (Shadowed by the engine's own, bound in __init__.)
-        return self._engine._run(query)
+        return self._engine._run(query, read)
 
     async def open(self) -> None:
         """Open the first connection, so a bad URL or a dead server fails now."""

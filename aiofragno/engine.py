@@ -17,6 +17,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable
+from typing import TypeVar
 
 from . import runtime
 from .codec import ValueCodec
@@ -41,7 +42,7 @@ from .errors import (
     ValidationError,
 )
 from .outbox.writer import EntryStatements, OutboxStatements, TickedStatements
-from .queries import Queries
+from .queries import Queries, Read
 from .resilience import Deadline, is_retryable_loss, retry_read_after, shared_deadline
 from .session import Session, log_statement, logger
 from .sql import Fragment
@@ -50,6 +51,8 @@ from .transaction import TransactionContext, current_transaction, transaction_st
 from .uow.plans import CommitPlan
 from .uow.plans import choose as choose_plan
 from .url import DatabaseURL, Options, OutboxStrategy
+
+T = TypeVar("T")
 
 
 class Engine(Queries):
@@ -178,12 +181,12 @@ class Engine(Queries):
                 "open a new one with af.connect()"
             )
 
-    async def _run(self, query: Fragment) -> QueryResult:
+    async def _run(self, query: Fragment, read: Read[T]) -> T:
         # (No transaction open in this context, the usual case, costs no call.)
         if transaction_stack.get() is not None:
             tx = current_transaction(self)
             if tx is not None:
-                return await tx.execute(query)
+                return read(await tx.execute(query))
         compiled = self.compiler.compile(query)
         try:
             # (An idle connection, the usual case, takes no coroutine of its
@@ -191,15 +194,19 @@ class Engine(Queries):
             connection = None if self._closed else self._driver.take_idle_connection()
             if connection is None:
                 connection = (await self.acquire()).connection
-            return await self._execute(compiled, connection)
+            return read(await self._execute(compiled, connection))
         except (ConnectionLost, DatabaseUnavailable) as exc:
             # Only plain SELECTs are retried after a lost connection: anything
             # else (INSERT ... RETURNING through fetch, say) might have taken
             # effect. (A checkout that failed has already waited out the deadline.)
             if leading_keyword(compiled.sql) != "select" or not is_retryable_loss(exc):
                 raise
-            return await retry_read_after(
-                exc, self.options.reconnect_deadline, functools.partial(self._run_again, compiled)
+            return read(
+                await retry_read_after(
+                    exc,
+                    self.options.reconnect_deadline,
+                    functools.partial(self._run_again, compiled),
+                )
             )
 
     async def _run_again(self, compiled: CompiledQuery) -> QueryResult:

@@ -8,16 +8,17 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from . import runtime
-from .driver import CompiledQuery, DialectAdapter, IsolationLevel, QueryResult
+from .driver import CompiledQuery, DialectAdapter, IsolationLevel
 from .errors import Error, TransactionClosed
-from .queries import Queries
+from .queries import Queries, Read
 from .session import Session
 from .sql import Fragment
 
 logger = logging.getLogger("aiofragno")
+T = TypeVar("T")
 
 
 class TransactionHost(Protocol):
@@ -50,13 +51,14 @@ class Transaction(Queries):
         self.session = session
         self.outer = outer  # the enclosing transaction in this context, of any Database
         self.ended = False
-        # (A free lock is taken without a trip through the event loop; a
-        # pending cancellation is still raised before the statement is sent.)
+        # Serializes the statements (and the end) of tasks sharing it: see _turn.
         self._lock = runtime.Lock(fast_acquire=True)
 
-    async def _run(self, query: Fragment) -> QueryResult:
+    async def _run(self, query: Fragment, read: Read[T]) -> T:
         compiled = self.db.compile(query)
-        async with self._lock:
+        if not self._turn():
+            await self._lock.acquire()
+        try:
             if self.ended:
                 raise TransactionClosed(
                     "this transaction has ended (committed or rolled back), and its connection "
@@ -65,13 +67,32 @@ class Transaction(Queries):
                 )
             if self.db.adapter.session_changes(compiled.sql):
                 self.session.dirty = True  # reset when the transaction ends
-            return await self.session.execute(compiled)
+            return read(await self.session.execute(compiled))
+        finally:
+            self._lock.release()
+
+    def _turn(self) -> bool:
+        """Take the lock if it is free, without awaiting (False: wait for it).
+        No checkpoint, as outside a transaction: a cancellation pending
+        before the statement is raised by its first wait for the server,
+        which marks the session interrupted, like any cancellation mid-
+        statement — the transaction is then rolled back and its connection
+        reset or discarded."""
+        try:
+            self._lock.acquire_nowait()
+        except runtime.WouldBlock:
+            return False
+        return True
 
     async def _finish(self, end: Callable[[], Awaitable[Any]]) -> None:
         """``end`` (COMMIT or ROLLBACK) once the statement another task may be
         running in this transaction is done."""
-        async with self._lock:
+        if not self._turn():
+            await self._lock.acquire()
+        try:
             await end()
+        finally:
+            self._lock.release()
 
     def transaction(self) -> TransactionContext:
         """A savepoint inside this transaction: rolled back alone on exception."""

@@ -188,17 +188,18 @@ class Engine(Queries):
             if tx is not None:
                 return read(await tx.execute(query))
         compiled = self.compiler.compile(query)
+        # (An idle connection, the usual case, takes no coroutine of its own;
+        # acquire raises DatabaseClosed, and waits out the deadline while the
+        # server is unreachable, so its failure is not retried below.)
+        connection = None if self._closed else self._driver.take_idle_connection()
+        if connection is None:
+            connection = (await self.acquire()).connection
         try:
-            # (An idle connection, the usual case, takes no coroutine of its
-            # own; acquire raises DatabaseClosed.)
-            connection = None if self._closed else self._driver.take_idle_connection()
-            if connection is None:
-                connection = (await self.acquire()).connection
             return read(await self._execute(compiled, connection))
         except (ConnectionLost, DatabaseUnavailable) as exc:
             # Only plain SELECTs are retried after a lost connection: anything
             # else (INSERT ... RETURNING through fetch, say) might have taken
-            # effect. (A checkout that failed has already waited out the deadline.)
+            # effect.
             if leading_keyword(compiled.sql) != "select" or not is_retryable_loss(exc):
                 raise
             return read(

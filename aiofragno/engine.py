@@ -257,6 +257,9 @@ class Engine(Queries):
         """A connection from the pool, wrapped in a :class:`Session`. While the
         server is unreachable, retries until ``reconnect_deadline`` (``wait``)."""
         self.check_open()
+        connection = self._driver.take_idle_connection()  # (the usual case: no coroutine)
+        if connection is not None:
+            return Session(connection, self.dialect.translate_error)
         try:
             connection = await self._driver.acquire_connection()
         except Error:
@@ -302,7 +305,8 @@ class Engine(Queries):
         ):
             # Clean: going back to the idle list awaits nothing that could be
             # cancelled, so no shielded scope is needed.
-            await self._driver.release_connection(connection)
+            if not self._driver.return_idle_connection(connection):
+                await self._driver.release_connection(connection)
             return
         with runtime.shielded(runtime.CLEANUP_TIMEOUT):
             discard = session.broken

@@ -32,7 +32,10 @@ do not count, though a busy machine still adds some noise): each workload's
 operations run on ``C`` concurrent tasks over a pool of ``C`` connections,
 after a warm-up, in a process of its own per measurement; ``--rounds``
 rounds, each running every tree and workload once, in alternating order.
-The median per workload and tree is reported, in microseconds per operation.
+The median per workload and tree is reported, in microseconds per operation,
+and the median over rounds of raw / aiofragno for each workload whose
+``raw-`` counterpart ran too (``raw-read`` for ``fetch-one`` and
+``read-unit``).
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ WORKLOADS = (
     "raw-transaction",
 )
 Operation = Callable[[], Awaitable[object]]
+# The driver alone doing what a workload does (or its reads).
+RAW_OF = {"fetch-one": "raw-read", "read-unit": "raw-read", "transaction": "raw-transaction"}
 
 
 def shop_schema() -> Any:
@@ -338,6 +343,17 @@ def cpu_main(args: argparse.Namespace, trees: list[Path], workloads: list[str]) 
             }
         )
         print(f"{name} {tree}: {median:.1f} us client CPU per operation ({values})", flush=True)
+    # raw / aiofragno within each round (runs close in time share the
+    # machine's load), then the median of those.
+    for tree in trees:
+        for name in workloads:
+            raw = RAW_OF.get(name)
+            if raw not in workloads:
+                continue
+            ratios = [r / a for r, a in zip(samples[tree, raw], samples[tree, name], strict=True)]
+            ratio = statistics.median(ratios)
+            results.append({"workload": name, "tree": str(tree), "raw_over_aiofragno": round(ratio, 2)})
+            print(f"{raw} / {name} {tree}: {ratio:.2f} (median of rounds)", flush=True)
     if args.json:
         config = {
             "backend": args.backend, "outbox": args.outbox, "concurrency": args.cpu,

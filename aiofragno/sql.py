@@ -199,14 +199,17 @@ class _Shape:
     the names its holes use, and those of holes right after ``IN (``.
     Hashed by identity: compilers cache the text of each shape they compile."""
 
-    __slots__ = ("holes", "in_paren", "names", "order", "tail")
+    __slots__ = ("holes", "in_lists", "in_paren", "names", "order", "tail")
 
     def __init__(self, holes: tuple[_Hole, ...], tail: str) -> None:
         self.holes = holes
         self.tail = tail
         self.order = tuple(hole.name for hole in holes)
         self.names = frozenset(self.order)
-        self.in_paren = tuple(hole.name for hole in holes if _IN_PAREN_SUFFIX.search(hole.before))
+        self.in_paren = tuple(
+            hole.name for hole in holes if _IN_PAREN_SUFFIX.search(hole.before)
+        )  # Holes right after IN / NOT IN, where a list is a list of values.
+        self.in_lists = tuple(hole.name for hole in holes if hole.before_in is not None)
 
     def parts(self, params: Mapping[str, Any]) -> tuple[_Part, ...]:
         """The parts of this template filled with ``params`` (checked by :func:`sql`)."""
@@ -279,6 +282,10 @@ def sql(template: str, /, **params: Any) -> Fragment:
             raise ValidationError(
                 f"write `IN {{{name}}}` without parentheses: aiofragno adds them for lists"
             )
+    for name in shape.in_lists:  # (the values as they are now: the fragment is immutable)
+        value = params[name]
+        if isinstance(value, _LIST_TYPES):
+            params[name] = tuple(value)
     fragment = Fragment.__new__(Fragment)
     fragment._parts = None
     fragment._shape = shape

@@ -18,7 +18,6 @@ from .driver import (
     Dialect,
     DialectAdapter,
     IsolationLevel,
-    QueryResult,
 )
 from .engine import Engine, check_isolation
 from .errors import Error, ValidationError
@@ -29,7 +28,7 @@ from .migration_lock import DEFAULT_LOCK_TIMEOUT, check_lock_timeout
 from .naming import Layout, PhysicalNames, resolve_naming
 from .outbox import OutboxReader
 from .ownership import INTERNAL_TABLES
-from .queries import Queries
+from .queries import Queries, Read
 from .schema import Schema, TableIdentity, _check_name
 from .server_sessions import end_server_session_reconnecting
 from .sql import Fragment
@@ -58,6 +57,9 @@ class Database(Queries):
     def __init__(self, dialect: Dialect, url: DatabaseURL, options: Options, backend: str) -> None:
         # What the features run on (aiofragno.engine); this is the facade over it.
         self._engine = engine = Engine(dialect, url, options, backend)
+        # The query methods run the engine's _run itself: no call of ours
+        # per statement (the method below is what the class declares).
+        self._run = engine._run  # type: ignore[method-assign]
         self.dialect = dialect
         self.url = url
         self.options = options
@@ -345,9 +347,9 @@ class Database(Queries):
     ) -> None:
         await self.close()
 
-    def _run(self, query: Fragment) -> Coroutine[Any, Any, QueryResult]:
-        # The engine's coroutine itself: no coroutine of our own per statement.
-        return self._engine._run(query)
+    def _run(self, query: Fragment, read: Read[T]) -> Coroutine[Any, Any, T]:
+        # (Shadowed by the engine's own, bound in __init__.)
+        return self._engine._run(query, read)
 
     def _stream(self, query: Fragment, batch_size: int) -> Stream:
         return self._engine._stream(query, batch_size)

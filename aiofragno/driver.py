@@ -794,6 +794,18 @@ class Driver(Protocol):
         """Give ``connection`` back; ``discard=True`` closes it instead of reusing."""
         ...
 
+    def take_idle_connection(self) -> Connection | None:
+        """A connection ready for use, taken without awaiting anything, or
+        None (then :meth:`acquire_connection`): the usual checkout without
+        a coroutine of its own."""
+        ...
+
+    def return_idle_connection(self, connection: Connection) -> bool:
+        """Give back ``connection``, unchanged since it was taken, without
+        awaiting anything; False (nothing done) when it must go through
+        :meth:`release_connection` instead."""
+        ...
+
     async def open_unpooled(self) -> Connection:
         """A new connection of the caller's own, outside the pool (for a
         long-lived use such as listening); the caller closes it."""

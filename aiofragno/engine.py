@@ -14,8 +14,10 @@ schemas and their layouts, migrations.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Callable
+from typing import TypeVar
 
 from . import runtime
 from .codec import ValueCodec
@@ -40,16 +42,18 @@ from .errors import (
     ValidationError,
 )
 from .outbox.writer import EntryStatements, KeyedStatements, OutboxStatements, TickedStatements
-from .queries import Queries
-from .resilience import Deadline, retry_read, shared_deadline
-from .session import Session
+from .queries import Queries, Read
+from .resilience import Deadline, is_retryable_loss, retry_read_after, shared_deadline
+from .session import Session, log_statement, logger
 from .sql import Fragment
 from .stats import Stats
 from .streaming import EngineStream, Stream
-from .transaction import TransactionContext, current_transaction
+from .transaction import TransactionContext, current_transaction, transaction_stack
 from .uow.plans import CommitPlan
 from .uow.plans import choose as choose_plan
 from .url import DatabaseURL, Options, OutboxStrategy
+
+T = TypeVar("T")
 
 
 class Engine(Queries):
@@ -187,18 +191,34 @@ class Engine(Queries):
                 "open a new one with af.connect()"
             )
 
-    async def _run(self, query: Fragment) -> QueryResult:
-        tx = current_transaction(self)
-        if tx is not None:
-            return await tx.execute(query)
+    async def _run(self, query: Fragment, read: Read[T]) -> T:
+        # (No transaction open in this context, the usual case, costs no call.)
+        if transaction_stack.get() is not None:
+            tx = current_transaction(self)
+            if tx is not None:
+                return read(await tx.execute(query))
         compiled = self.compiler.compile(query)
-        # Only plain SELECTs are retried after a lost connection: anything else
-        # (INSERT ... RETURNING through fetch, say) might have taken effect.
-        if leading_keyword(compiled.sql) == "select":
-            return await retry_read(
-                self.options.reconnect_deadline, functools.partial(self._execute, compiled)
+        # (An idle connection, the usual case, takes no coroutine of its own;
+        # acquire raises DatabaseClosed, and waits out the deadline while the
+        # server is unreachable, so its failure is not retried below.)
+        connection = None if self._closed else self._driver.take_idle_connection()
+        if connection is None:
+            connection = (await self.acquire()).connection
+        try:
+            return read(await self._execute(compiled, connection))
+        except (ConnectionLost, DatabaseUnavailable) as exc:
+            # Only plain SELECTs are retried after a lost connection: anything
+            # else (INSERT ... RETURNING through fetch, say) might have taken
+            # effect.
+            if leading_keyword(compiled.sql) != "select" or not is_retryable_loss(exc):
+                raise
+            return read(
+                await retry_read_after(
+                    exc,
+                    self.options.reconnect_deadline,
+                    functools.partial(self._run_again, compiled),
+                )
             )
-        return await self._execute(compiled)
 
     def _stream(self, query: Fragment, batch_size: int) -> Stream:
         tx = current_transaction(self)
@@ -206,31 +226,56 @@ class Engine(Queries):
             return tx._stream(query, batch_size)
         return EngineStream(self, self.compiler.compile(query), batch_size)
 
-    async def _execute(self, compiled: CompiledQuery) -> QueryResult:
-        """``compiled`` on a connection of its own, outside any transaction.
-        A statement that may change the session (see
-        :attr:`DialectAdapter.session_changes`) gets its connection reset
-        before reuse; one that leaves a transaction open is refused."""
-        session = await self.acquire()
+    async def _run_again(self, compiled: CompiledQuery) -> QueryResult:
+        return await self._execute(compiled, (await self.acquire()).connection)
+
+    async def _execute(self, compiled: CompiledQuery, connection: Connection) -> QueryResult:
+        """``compiled`` on ``connection`` (just checked out), outside any
+        transaction; the connection released after. A statement that may
+        change the session (see :attr:`DialectAdapter.session_changes`) gets
+        its connection reset before reuse; one that leaves a transaction
+        open is refused.
+
+        (What :meth:`Session.execute` and :meth:`release` do, for the usual
+        statement that succeeds and leaves the connection clean: the Session
+        that notes what happened to the connection is made only when
+        something did.)"""
+        dirty = self.adapter.session_changes(compiled.sql)
+        if logger.isEnabledFor(logging.DEBUG):
+            log_statement(compiled)
         try:
-            session.dirty = self.adapter.session_changes(compiled.sql)
-            result = await session.execute(compiled)
-            if session.connection.in_transaction:
-                session.dirty = True
-                raise ProgrammingError(
-                    f"{compiled.sql[:60]!r} left its connection in a transaction, which would "
-                    "have outlived the statement (BEGIN, START TRANSACTION or autocommit off "
-                    "outside db.transaction()); it has been rolled back. Run statements "
-                    "that belong together in `async with db.transaction() as tx:`"
-                )
-            return result
-        finally:
+            result = await connection.execute_query(compiled)
+        except BaseException as exc:
+            session = self._session(connection, dirty)
+            error = session.settle(exc)
             await self.release(session)
+            if error is exc:
+                raise
+            raise error from exc
+        if connection.in_transaction:
+            await self.release(self._session(connection, True))
+            raise ProgrammingError(
+                f"{compiled.sql[:60]!r} left its connection in a transaction, which would "
+                "have outlived the statement (BEGIN, START TRANSACTION or autocommit off "
+                "outside db.transaction()); it has been rolled back. Run statements "
+                "that belong together in `async with db.transaction() as tx:`"
+            )
+        if dirty or not self._driver.return_idle_connection(connection):
+            await self.release(self._session(connection, dirty))
+        return result
+
+    def _session(self, connection: Connection, dirty: bool) -> Session:
+        session = Session(connection, self.dialect.translate_error)
+        session.dirty = dirty
+        return session
 
     async def acquire(self, *, wait: bool = True) -> Session:
         """A connection from the pool, wrapped in a :class:`Session`. While the
         server is unreachable, retries until ``reconnect_deadline`` (``wait``)."""
         self.check_open()
+        connection = self._driver.take_idle_connection()  # (the usual case: no coroutine)
+        if connection is not None:
+            return Session(connection, self.dialect.translate_error)
         try:
             connection = await self._driver.acquire_connection()
         except Error:
@@ -276,7 +321,8 @@ class Engine(Queries):
         ):
             # Clean: going back to the idle list awaits nothing that could be
             # cancelled, so no shielded scope is needed.
-            await self._driver.release_connection(connection)
+            if not self._driver.return_idle_connection(connection):
+                await self._driver.release_connection(connection)
             return
         with runtime.shielded(runtime.CLEANUP_TIMEOUT):
             discard = session.broken

@@ -23,11 +23,9 @@ from .url import Options
 Connector = Callable[[], Awaitable[Connection]]
 
 
-@dataclass(slots=True)
-class _Idle:
-    connection: Connection
-    created: float
-    released: float
+# An idle connection, when it was opened and when it was last released.
+# (A tuple: the pool makes one per release.)
+_Idle = tuple[Connection, float, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +86,9 @@ class Pool:
             raise _closed()
         if self._bound_to_loop:
             self._check_loop()
-        # (Free slot and fresh idle connection, the usual case: no coroutine
-        # but this one.)
+        connection = self.take_idle()
+        if connection is not None:
+            return connection
         if not self._slots.take() and not await self._slots.acquire():
             raise PoolTimeout(
                 f"no connection free after {self._acquire_timeout}s "
@@ -100,8 +99,7 @@ class Pool:
                 raise _closed()
             idle = self._idle
             if idle and not self._pre_ping and self._fresh(idle[-1]):
-                entry = idle.pop()
-                connection, created = entry.connection, entry.created
+                connection, created, _ = idle.pop()
             else:
                 connection, created = await self._checkout()
         except BaseException:
@@ -109,6 +107,39 @@ class Pool:
             raise
         self._in_use[connection] = created
         return connection
+
+    def take_idle(self) -> Connection | None:
+        """A fresh idle connection, taken with its slot without awaiting
+        anything — the usual checkout, for callers that can skip a coroutine —
+        or None when :meth:`acquire` must do it (no free slot or no idle
+        connection, ``pre_ping``, closed). Raises :class:`WrongEventLoop` as
+        :meth:`acquire` does."""
+        idle = self._idle
+        if not idle or self._closed or self._pre_ping:
+            return None
+        if self._bound_to_loop and runtime.asyncio_loop() is not self._loop:
+            self._check_loop()
+        entry = idle[-1]
+        if not self._fresh(entry) or not self._slots.take():
+            return None
+        idle.pop()
+        connection = entry[0]
+        self._in_use[connection] = entry[1]
+        return connection
+
+    def put_back(self, connection: Connection) -> bool:
+        """Return ``connection`` (in use, unchanged) to the idle list without
+        awaiting anything; False, doing nothing, when it must go through
+        :meth:`release` instead (the pool is closed, or the connection is not
+        this pool's)."""
+        created = self._in_use.get(connection)
+        # (One that closed since is closed and replaced at its next checkout.)
+        if created is None or self._closed:
+            return False
+        del self._in_use[connection]
+        self._idle.append((connection, created, runtime.monotonic()))
+        self._slots.release()
+        return True
 
     async def release(self, connection: Connection, *, discard: bool = False) -> None:
         created = self._in_use.pop(connection, None)
@@ -118,7 +149,7 @@ class Pool:
             if discard or self._closed or connection.is_closed:
                 await _close(connection)
             else:
-                self._idle.append(_Idle(connection, created, runtime.monotonic()))
+                self._idle.append((connection, created, runtime.monotonic()))
         finally:
             if created is not None:
                 self._slots.release()
@@ -135,8 +166,8 @@ class Pool:
         """Close idle connections now and the rest as they are released. Idempotent."""
         self._closed = True
         idle, self._idle = self._idle, []
-        for entry in idle:
-            await _close(entry.connection)
+        for connection, _, _ in idle:
+            await _close(connection)
 
     def _check_loop(self) -> None:
         # Caught here, a loop mix-up names itself; in the driver it surfaces as
@@ -154,19 +185,21 @@ class Pool:
     async def _checkout(self) -> tuple[Connection, float]:
         while self._idle:
             entry = self._idle.pop()  # most recently used: warm, least likely stale
-            if self._fresh(entry) and (not self._pre_ping or await _answers(entry.connection)):
-                return entry.connection, entry.created
-            await _close(entry.connection)
+            connection, created, _ = entry
+            if self._fresh(entry) and (not self._pre_ping or await _answers(connection)):
+                return connection, created
+            await _close(connection)
         return await self._connect(), runtime.monotonic()
 
     def _fresh(self, entry: _Idle) -> bool:
         """Not seen closed, and within ``max_lifetime`` and ``max_idle``."""
-        if entry.connection.is_closed:
+        connection, created, released = entry
+        if connection.is_closed:
             return False
         now = runtime.monotonic()
-        if self._max_lifetime is not None and now - entry.created > self._max_lifetime:
+        if self._max_lifetime is not None and now - created > self._max_lifetime:
             return False
-        return self._max_idle is None or now - entry.released <= self._max_idle
+        return self._max_idle is None or now - released <= self._max_idle
 
 
 def _closed() -> DatabaseClosed:
@@ -192,6 +225,9 @@ class PooledDriver:
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
+        # (The pool's own methods, not one more call of ours around each.)
+        self.take_idle_connection: Callable[[], Connection | None] = pool.take_idle
+        self.return_idle_connection: Callable[[Connection], bool] = pool.put_back
 
     @property
     def pool_size(self) -> int:

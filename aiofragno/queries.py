@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TypeVar, overload
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar, overload
 
 from .driver import QueryResult, Row
 from .errors import UnexpectedType
@@ -12,17 +13,36 @@ from .sql import Fragment
 from .streaming import DEFAULT_BATCH_SIZE, Stream, check_batch_size
 
 T = TypeVar("T")
+# What a query method returns, read off the statement's result.
+Read = Callable[[QueryResult], T]
+
+
+def whole_result(result: QueryResult) -> QueryResult:
+    return result
+
+
+def all_rows(result: QueryResult) -> list[Row]:
+    return result.rows
+
+
+def first_row(result: QueryResult) -> Row | None:
+    rows = result.rows
+    return rows[0] if rows else None
 
 
 class Queries(ABC):
     """``fetch`` / ``fetch_one`` / ``fetch_value`` / ``execute`` over one
     ``_run``; shared by :class:`~aiofragno.Database`, its engine and :class:`Transaction`.
     Each takes an ``af.sql(...)`` fragment, never a str: values stay bound
-    parameters (anything else is a :class:`ValidationError` before any SQL is sent)."""
+    parameters (anything else is a :class:`ValidationError` before any SQL is sent).
+
+    (``execute``, ``fetch`` and ``fetch_one`` return ``_run``'s coroutine
+    itself, which reads what they return off the result: no coroutine of
+    their own per statement.)"""
 
     @abstractmethod
-    async def _run(self, query: Fragment) -> QueryResult:
-        """Run one ``af.sql`` query where this object runs queries."""
+    def _run(self, query: Fragment, read: Read[T]) -> Coroutine[Any, Any, T]:
+        """Run one ``af.sql`` query where this object runs queries; ``read(result)``."""
 
     @abstractmethod
     def _stream(self, query: Fragment, batch_size: int) -> Stream:
@@ -37,20 +57,19 @@ class Queries(ABC):
         usable or discards it. See :mod:`aiofragno.streaming`."""
         return self._stream(query, check_batch_size(batch_size))
 
-    async def execute(self, query: Fragment) -> QueryResult:
+    def execute(self, query: Fragment) -> Coroutine[Any, Any, QueryResult]:
         """Run ``query`` (an ``af.sql`` fragment) and return its
         :class:`QueryResult` (rows, ``rows_affected``, ``insert_id``)."""
-        return await self._run(query)
+        return self._run(query, whole_result)
 
-    async def fetch(self, query: Fragment) -> list[Row]:
+    def fetch(self, query: Fragment) -> Coroutine[Any, Any, list[Row]]:
         """All rows of ``query``."""
-        return (await self._run(query)).rows
+        return self._run(query, all_rows)
 
-    async def fetch_one(self, query: Fragment) -> Row | None:
+    def fetch_one(self, query: Fragment) -> Coroutine[Any, Any, Row | None]:
         """The first row of ``query``, or None. (All rows are read; add
         ``LIMIT 1`` to a query that could return many.)"""
-        rows = (await self._run(query)).rows
-        return rows[0] if rows else None
+        return self._run(query, first_row)
 
     @overload
     async def fetch_value(self, query: Fragment) -> object: ...

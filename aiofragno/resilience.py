@@ -100,3 +100,16 @@ async def retry_read(deadline_seconds: float | None, read: Callable[[], Awaitabl
             except (ConnectionLost, DatabaseUnavailable) as exc:
                 if not is_retryable_loss(exc) or not await deadline.wait():
                     raise
+
+
+async def retry_read_after(
+    failure: BaseException, deadline_seconds: float | None, read: Callable[[], Awaitable[T]]
+) -> T:
+    """:func:`retry_read` for a read whose first attempt, made outside it
+    (the usual read needs no deadline), lost its connection with ``failure``:
+    ``read()`` after the first backoff, then as :func:`retry_read` does.
+    ``failure`` is raised when the deadline allows no retry."""
+    with shared_deadline(deadline_seconds) as deadline:
+        if not await deadline.wait():
+            raise failure
+        return await retry_read(deadline_seconds, read)

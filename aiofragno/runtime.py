@@ -37,6 +37,7 @@ __all__ = [
     "Lock",
     "Semaphore",
     "WouldBlock",
+    "asyncio_loop",
     "call_later",
     "current_runtime",
     "current_time",
@@ -70,6 +71,9 @@ monotonic: Callable[[], float] = time.monotonic
 
 # (None in a thread that runs trio; no exception raised and caught on each call.)
 _asyncio_loop = asyncio._get_running_loop
+# The asyncio loop running in this thread, or None: what :func:`running_loop`
+# returns under asyncio, for a hot path's check against it.
+asyncio_loop: Callable[[], object] = _asyncio_loop
 
 
 def running_loop() -> object:

@@ -57,6 +57,16 @@ class Session:
         self.dirty = False  # raw SQL may have changed the session: reset it
         self.savepoints = 0
 
+    def settle(self, exc: BaseException) -> BaseException:
+        """What to raise for ``exc``, raised by an operation on this
+        session's connection: the aiofragno error for a driver's exception
+        (see :meth:`fail`); ``exc`` itself for a cancellation, with the
+        session marked interrupted."""
+        if isinstance(exc, Exception):
+            return self.fail(exc)
+        self.interrupted = True
+        return exc
+
     def fail(self, exc: Exception) -> Exception:
         """The aiofragno error for driver exception ``exc``; notes a lost connection."""
         error = exc if isinstance(exc, Error) else self.translate(exc)
@@ -66,7 +76,7 @@ class Session:
 
     async def execute(self, query: CompiledQuery) -> QueryResult:
         if logger.isEnabledFor(logging.DEBUG):
-            _log(query)
+            log_statement(query)
         return await self._call(self.connection.execute_query(query))
 
     async def execute_batch(
@@ -77,7 +87,7 @@ class Session:
         result for which ``stop(index, result)`` is true."""
         if logger.isEnabledFor(logging.DEBUG):
             for query in queries:
-                _log(query)
+                log_statement(query)
         return await self._call(self.connection.execute_batch(queries, stop))
 
     async def begin(self, isolation: IsolationLevel | None) -> None:
@@ -110,7 +120,7 @@ class Session:
         """``query``, outside any transaction: it commits on its own, so a
         lost connection raises :class:`CommitOutcomeUnknown` as in :meth:`commit`."""
         if logger.isEnabledFor(logging.DEBUG):
-            _log(query)
+            log_statement(query)
         return await self._committing(self.connection.execute_query(query))
 
     def _committing(self, operation: Awaitable[T]) -> Coroutine[Any, Any, T]:
@@ -162,7 +172,7 @@ class Session:
             raise
 
 
-def _log(query: CompiledQuery) -> None:
+def log_statement(query: CompiledQuery) -> None:
     # Parameters stay out of logs (they may be personal data): their count only.
     logger.debug("%s  -- %d parameter(s)", query.sql, len(query.parameters))
 

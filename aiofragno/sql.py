@@ -21,13 +21,17 @@ statements are combined in, then rendered with the dialect's placeholders.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any, Final
+from uuid import UUID
 
 from .driver import CompiledQuery
 from .errors import ValidationError
@@ -126,12 +130,26 @@ class _InList:
 
 
 class Fragment:
-    """A piece of SQL with its parameters, made by :func:`sql`. Immutable."""
+    """A piece of SQL with its parameters, made by :func:`sql`. Immutable.
 
-    __slots__ = ("parts",)
+    (One made by :func:`sql` keeps its template and parameters, and works
+    out its parts only when something asks for them: a compiler that has
+    compiled the template before needs only the parameters.)"""
+
+    __slots__ = ("_params", "_parts", "_shape")
 
     def __init__(self, parts: tuple[_Part, ...]) -> None:
-        self.parts = parts
+        self._parts: tuple[_Part, ...] | None = parts
+        self._shape: _Shape | None = None
+        self._params: dict[str, Any] | None = None
+
+    @property
+    def parts(self) -> tuple[_Part, ...]:
+        parts = self._parts
+        if parts is None:
+            assert self._shape is not None and self._params is not None
+            parts = self._parts = self._shape.parts(self._params)
+        return parts
 
     def __add__(self, other: Fragment) -> Fragment:
         if not isinstance(other, Fragment):
@@ -155,6 +173,12 @@ class Fragment:
             parts.append(fragment)
         return Fragment(tuple(parts))
 
+    def _has_no_values(self) -> bool:
+        """Whether this fragment compiles to SQL text without parameters."""
+        if self._params is not None:
+            return not self._params
+        return all(type(part) is str for part in self.parts)
+
 
 _Part = str | _Param | _InList | Identifier | Fragment
 
@@ -170,10 +194,44 @@ class _Hole:
     negated: bool
 
 
+class _Shape:
+    """A parsed template: its holes in order, the text after the last one,
+    the names its holes use, and those of holes right after ``IN (``.
+    Hashed by identity: compilers cache the text of each shape they compile."""
+
+    __slots__ = ("holes", "in_lists", "in_paren", "names", "order", "tail")
+
+    def __init__(self, holes: tuple[_Hole, ...], tail: str) -> None:
+        self.holes = holes
+        self.tail = tail
+        self.order = tuple(hole.name for hole in holes)
+        self.names = frozenset(self.order)
+        self.in_paren = tuple(
+            hole.name for hole in holes if _IN_PAREN_SUFFIX.search(hole.before)
+        )  # Holes right after IN / NOT IN, where a list is a list of values.
+        self.in_lists = tuple(hole.name for hole in holes if hole.before_in is not None)
+
+    def parts(self, params: Mapping[str, Any]) -> tuple[_Part, ...]:
+        """The parts of this template filled with ``params`` (checked by :func:`sql`)."""
+        parts: list[_Part] = []  # (no empty text)
+        for hole in self.holes:
+            value = params[hole.name]
+            if hole.before_in is not None and isinstance(value, _LIST_TYPES):
+                if hole.before_in:
+                    parts.append(hole.before_in)
+                parts.append(_InList(hole.negated, tuple(value)))
+                continue
+            if hole.before:
+                parts.append(hole.before)
+            parts.append(value if isinstance(value, _SPLICED) else _Param(value))
+        if self.tail:
+            parts.append(self.tail)
+        return tuple(parts)
+
+
 @lru_cache(maxsize=1024)
-def _parse(template: str) -> tuple[tuple[_Hole, ...], str, frozenset[str]]:
-    """``template``'s holes, the literal text after the last one, and the
-    names its holes use."""
+def _parse(template: str) -> _Shape:
+    """``template``, parsed."""
     holes: list[_Hole] = []
     try:
         parsed = list(string.Formatter().parse(template))
@@ -203,7 +261,7 @@ def _parse(template: str) -> tuple[tuple[_Hole, ...], str, frozenset[str]]:
                 bool(match and match.group(1)),
             )
         )
-    return tuple(holes), pending, frozenset(hole.name for hole in holes)
+    return _Shape(tuple(holes), pending)
 
 
 # Spliced into a fragment as they are, not bound.
@@ -216,42 +274,38 @@ def sql(template: str, /, **params: Any) -> Fragment:
     parameter must be used."""
     if not isinstance(template, str):
         raise ValidationError(f"sql() takes a template string, got {type(template).__name__}")
-    holes, tail, names = _parse(template)
-    parts: list[_Part] = []  # (no empty text)
-    for hole in holes:
-        try:
-            value = params[hole.name]
-        except KeyError:
+    shape = _parse(template)
+    if params.keys() != shape.names:
+        raise _mismatch(shape, params)
+    for name in shape.in_paren:
+        if isinstance(params[name], _LIST_TYPES):
             raise ValidationError(
-                f"sql template uses {{{hole.name}}} but no such parameter was given"
-            ) from None
+                f"write `IN {{{name}}}` without parentheses: aiofragno adds them for lists"
+            )
+    for name in shape.in_lists:  # (the values as they are now: the fragment is immutable)
+        value = params[name]
         if isinstance(value, _LIST_TYPES):
-            if hole.before_in is not None:
-                if hole.before_in:
-                    parts.append(hole.before_in)
-                parts.append(_InList(hole.negated, tuple(value)))
-                continue
-            if _IN_PAREN_SUFFIX.search(hole.before):
-                raise ValidationError(
-                    f"write `IN {{{hole.name}}}` without parentheses: aiofragno adds them for lists"
-                )
-        if hole.before:
-            parts.append(hole.before)
-        parts.append(value if isinstance(value, _SPLICED) else _Param(value))
-    if tail:
-        parts.append(tail)
-    # (Every name the template uses was given: only a count over tells of one unused.)
-    if len(params) != len(names):
-        raise ValidationError(
-            f"sql() parameters not used in the template: {', '.join(sorted(params.keys() - names))}"
-        )
-    return Fragment(tuple(parts))
+            params[name] = tuple(value)
+    fragment = Fragment.__new__(Fragment)
+    fragment._parts = None
+    fragment._shape = shape
+    fragment._params = params
+    return fragment
+
+
+def _mismatch(shape: _Shape, params: Mapping[str, Any]) -> ValidationError:
+    for name in shape.order:
+        if name not in params:
+            return ValidationError(f"sql template uses {{{name}}} but no such parameter was given")
+    return ValidationError(
+        f"sql() parameters not used in the template: {', '.join(sorted(params.keys() - shape.names))}"
+    )
 
 
 def sql_using(template: str, /, **params: Any) -> Fragment:
     """:func:`sql` given only the parameters ``template`` names — for templates
     that draw on one shared table of names (internal queries)."""
-    _, _, used = _parse(template)
+    used = _parse(template).names
     return sql(template, **{name: value for name, value in params.items() if name in used})
 
 
@@ -294,10 +348,49 @@ class SqlCompiler:
         self._empty_set = empty_set
         self._scalars = scalars
         self._quoted: dict[str, str] = {}
+        # Value types bound as they are or through their encoder, that the
+        # memo's path takes without the type check encode() makes.
+        self._plain = frozenset(t for t in _PLAIN if scalars is None or t in scalars)
+        # The SQL text of each af.sql template compiled here, per fragment or
+        # identifier spliced into it (see compile).
+        self._texts: dict[object, str] = {}
 
     def compile(self, node: Fragment) -> CompiledQuery:
-        pieces, params = self._pieces(node)
-        return CompiledQuery(self._render(pieces), tuple(params))
+        """``node`` as SQL text and its encoded parameters. The text of an
+        ``af.sql`` fragment whose holes hold plain values or value-less
+        fragments and identifiers is looked up by its template (and those
+        fragments and identifiers): it is the same every time."""
+        shape = node._shape if type(node) is Fragment else None
+        if shape is not None:
+            given = node._params
+            assert given is not None
+            plain, encoders = self._plain, self._encoders
+            params: list[Any] = []
+            spliced: list[object] = []
+            for name in shape.order:
+                value = given[name]
+                kind = type(value)
+                if kind in plain:
+                    encoder = encoders.get(kind)
+                    params.append(value if encoder is None else encoder(value))
+                elif kind is Identifier or (
+                    kind is Fragment and (value._params == {} or value._has_no_values())
+                ):
+                    spliced.append(value)
+                else:
+                    break  # (a list, a fragment with values, ...: compiled in full)
+            else:
+                key = (shape, *spliced) if spliced else shape
+                memo = self._texts
+                text = memo.get(key)
+                if text is None:
+                    text = self._render(self._pieces(node)[0])
+                    if len(memo) >= _MEMO_SIZE:
+                        memo.clear()  # (templates built at run time: start over)
+                    memo[key] = text
+                return _compiled((text, tuple(params)))
+        pieces, values = self._pieces(node)
+        return CompiledQuery(self._render(pieces), tuple(values))
 
     def compile_parts(self, node: Fragment) -> tuple[SqlText, tuple[Any, ...]]:
         """``node`` as text with a slot per parameter, and the parameters
@@ -417,6 +510,16 @@ class SqlCompiler:
             pieces.append("".join(out))
             out.clear()
         out.append(")")
+
+
+# Types a value is often of (and list types never are): see SqlCompiler._plain.
+_PLAIN: Final = frozenset(
+    {str, int, float, bool, type(None), bytes, Decimal, datetime, date, time, timedelta, UUID}
+)
+_MEMO_SIZE: Final = 1024
+# CompiledQuery(text, parameters) without the NamedTuple's own __new__ (a
+# Python call).
+_compiled: Final = functools.partial(tuple.__new__, CompiledQuery)
 
 
 @lru_cache(maxsize=256)

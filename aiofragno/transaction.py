@@ -8,17 +8,18 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from . import runtime
-from .driver import CompiledQuery, DialectAdapter, IsolationLevel, QueryResult
+from .driver import CompiledQuery, DialectAdapter, IsolationLevel
 from .errors import Error, ProgrammingError, TransactionClosed
-from .queries import Queries
+from .queries import Queries, Read
 from .session import Session
 from .sql import Fragment
 from .streaming import TransactionStream
 
 logger = logging.getLogger("aiofragno")
+T = TypeVar("T")
 
 
 class TransactionHost(Protocol):
@@ -52,17 +53,33 @@ class Transaction(Queries):
         self.outer = outer  # the enclosing transaction in this context, of any Database
         self.ended = False
         self.stream_open = False  # (a stream holds the connection: see check_usable)
-        # (A free lock is taken without a trip through the event loop; a
-        # pending cancellation is still raised before the statement is sent.)
+        # Serializes the statements (and the end) of tasks sharing it: see _turn.
         self._lock = runtime.Lock(fast_acquire=True)
 
-    async def _run(self, query: Fragment) -> QueryResult:
+    async def _run(self, query: Fragment, read: Read[T]) -> T:
         compiled = self.db.compile(query)
-        async with self._lock:
+        if not self._turn():
+            await self._lock.acquire()
+        try:
             self.check_usable()
             if self.db.adapter.session_changes(compiled.sql):
                 self.session.dirty = True  # reset when the transaction ends
-            return await self.session.execute(compiled)
+            return read(await self.session.execute(compiled))
+        finally:
+            self._lock.release()
+
+    def _turn(self) -> bool:
+        """Take the lock if it is free, without awaiting (False: wait for it).
+        No checkpoint, as outside a transaction: a cancellation pending
+        before the statement is raised by its first wait for the server,
+        which marks the session interrupted, like any cancellation mid-
+        statement — the transaction is then rolled back and its connection
+        reset or discarded."""
+        try:
+            self._lock.acquire_nowait()
+        except runtime.WouldBlock:
+            return False
+        return True
 
     def _stream(self, query: Fragment, batch_size: int) -> TransactionStream:
         return TransactionStream(self, self.db.compile(query), batch_size)
@@ -88,22 +105,31 @@ class Transaction(Queries):
     async def _finish(self, end: Callable[[], Awaitable[Any]]) -> None:
         """``end`` (COMMIT or ROLLBACK) once the statement another task may be
         running in this transaction is done."""
-        async with self._lock:
+        if not self._turn():
+            await self._lock.acquire()
+        try:
             await end()
+        finally:
+            self._lock.release()
 
     def transaction(self) -> TransactionContext:
         """A savepoint inside this transaction: rolled back alone on exception."""
         return TransactionContext(self.db, None, parent=self)
 
 
-_current: ContextVar[Transaction | None] = ContextVar("aiofragno_transaction", default=None)
+# The innermost transaction open in this context (of any Database), the
+# others through ``outer``; None when none is, the usual case, which the
+# engine checks before it looks for its own (current_transaction).
+transaction_stack: ContextVar[Transaction | None] = ContextVar(
+    "aiofragno_transaction", default=None
+)
 
 
 def current_transaction(db: TransactionHost) -> Transaction | None:
     """The innermost transaction of ``db`` open in this context, if any (a
     task started inside a transaction inherits the context, and may outlive
     the transaction)."""
-    tx = _current.get()
+    tx = transaction_stack.get()
     while tx is not None and (tx.db is not db or tx.ended):
         tx = tx.outer
     return tx
@@ -115,11 +141,11 @@ def outside_transactions() -> Iterator[None]:
     transaction the caller has open: for aiofragno's own bookkeeping, whose
     reads and locks must not become part of (and last as long as) the
     caller's transaction."""
-    token = _current.set(None)
+    token = transaction_stack.set(None)
     try:
         yield
     finally:
-        _current.reset(token)
+        transaction_stack.reset(token)
 
 
 class TransactionContext:
@@ -156,8 +182,8 @@ class TransactionContext:
         except BaseException:
             await self._db.release(session)
             raise
-        self._tx = Transaction(self._db, session, _current.get())
-        self._token = _current.set(self._tx)
+        self._tx = Transaction(self._db, session, transaction_stack.get())
+        self._token = transaction_stack.set(self._tx)
         return self._tx
 
     async def __aexit__(
@@ -171,7 +197,7 @@ class TransactionContext:
         if self._savepoint is not None:
             await self._end_savepoint(tx, failed=exc is not None)
             return
-        _current.reset(self._token)
+        transaction_stack.reset(self._token)
         tx.ended = True  # (from now on, other tasks' statements are refused)
         try:
             if exc is None:

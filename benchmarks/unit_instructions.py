@@ -6,6 +6,7 @@ compared on a busy machine.
     python -m benchmarks.unit_instructions [--backend postgresql] [--outbox]
                                            [--workload transfer ...]
                                            [--tree DIR ...] [--json PATH]
+                                           [--cpu CONCURRENCY [--rounds N]]
 
 For each ``--tree`` (a checkout or ``git archive`` of aiofragno; default: this
 one) and each ``--workload`` it runs the workload twice under ``valgrind
@@ -24,6 +25,17 @@ driver alone (``raw-*``, the floor aiofragno's own cost adds to):
 * ``transaction`` / ``raw-transaction``: ``db.transaction()`` running a
   SELECT, an UPDATE and an INSERT / the same statements between the
   driver's BEGIN and COMMIT.
+
+With ``--cpu C`` it measures client CPU time instead (``time.process_time``
+of the client process, so the server's share and other load on the machine
+do not count, though a busy machine still adds some noise): each workload's
+operations run on ``C`` concurrent tasks over a pool of ``C`` connections,
+after a warm-up, in a process of its own per measurement; ``--rounds``
+rounds, each running every tree and workload once, in alternating order.
+The median per workload and tree is reported, in microseconds per operation,
+and the median over rounds of raw / aiofragno for each workload whose
+``raw-`` counterpart ran too (``raw-read`` for ``fetch-one`` and
+``read-unit``).
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ import functools
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,10 +56,14 @@ from pathlib import Path
 from typing import Any
 
 SMALL, LARGE = 100, 600
+CPU_OPERATIONS, CPU_WARM_UP = 3000, 300
 URLS = {
     "sqlite": None,  # a file in a temporary directory
-    "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
-    "mysql": "mysql://root@127.0.0.1:3306/test",
+    # (The test suite's servers, by the same variables.)
+    "postgresql": os.environ.get(
+        "AIOFRAGNO_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+    ),
+    "mysql": os.environ.get("AIOFRAGNO_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
 }
 WORKLOADS = (
     "transfer",
@@ -57,6 +74,8 @@ WORKLOADS = (
     "raw-transaction",
 )
 Operation = Callable[[], Awaitable[object]]
+# The driver alone doing what a workload does (or its reads).
+RAW_OF = {"fetch-one": "raw-read", "read-unit": "raw-read", "transaction": "raw-transaction"}
 
 
 def shop_schema() -> Any:
@@ -74,14 +93,18 @@ def shop_schema() -> Any:
     )
 
 
-async def workload(backend: str, name: str, operations: int, outbox: bool) -> None:
-    """``operations`` of workload ``name`` on one task (run under callgrind by :func:`count`)."""
+async def workload(
+    backend: str, name: str, operations: int, outbox: bool, concurrency: int = 0
+) -> float | None:
+    """``operations`` of workload ``name`` on one task (run under callgrind by
+    :func:`count`); with ``concurrency``, spread over that many tasks after a
+    warm-up, and their client CPU seconds returned (see :func:`cpu_run`)."""
     import aiofragno as af
 
     shop = shop_schema()
     with tempfile.TemporaryDirectory() as tmp:
         url = URLS[backend] or f"sqlite:///{tmp}/unitinstr.db"
-        async with af.connect(url, outbox=outbox) as db:
+        async with af.connect(url, outbox=outbox, pool_size=max(concurrency, 1)) as db:
             namespace = f"unitinstr{os.getpid()}"
             await db.migrate(shop, namespace=namespace)
 
@@ -97,19 +120,36 @@ async def workload(backend: str, name: str, operations: int, outbox: bool) -> No
                 for table in ("accounts", "transfers")
             }
             if name.startswith("raw-"):
-                raw = await RAW[backend].open(url)
+                raw = await RAW[backend].open(url, max(concurrency, 1))
                 try:
                     operation = getattr(raw, name.removeprefix("raw-").replace("-", "_"))
-                    await run(functools.partial(operation, tables), operations)
+                    return await run(functools.partial(operation, tables), operations, concurrency)
                 finally:
                     await raw.close()
-                return
-            await run(aiofragno_operation(db, shop, namespace, tables, name), operations)
+            operation = aiofragno_operation(db, shop, namespace, tables, name)
+            return await run(operation, operations, concurrency)
 
 
-async def run(operation: Operation, operations: int) -> None:
-    for _ in range(operations):
-        await operation()
+async def run(operation: Operation, operations: int, concurrency: int) -> float | None:
+    """``operations`` of ``operation``: one after another (``concurrency``
+    0), or on ``concurrency`` tasks after a warm-up, returning the client CPU
+    seconds they took."""
+    if not concurrency:
+        for _ in range(operations):
+            await operation()
+        return None
+
+    async def task(count: int) -> None:
+        for _ in range(count):
+            await operation()
+
+    async def spread(total: int) -> None:
+        await asyncio.gather(*(task(total // concurrency) for _ in range(concurrency)))
+
+    await spread(CPU_WARM_UP)
+    started = time.process_time()
+    await spread(operations)
+    return time.process_time() - started
 
 
 def aiofragno_operation(
@@ -164,15 +204,19 @@ class RawAsyncmy:
     """The driver alone: asyncmy's pool, a cursor per statement."""
 
     @classmethod
-    async def open(cls, url: str) -> RawAsyncmy:
+    async def open(cls, url: str, size: int) -> RawAsyncmy:
         import asyncmy
         from asyncmy.constants import CLIENT
 
+        from aiofragno.url import parse_url
+
+        parsed = parse_url(url)
         self = cls()
         self.pool = await asyncmy.create_pool(
-            host="127.0.0.1", port=3306, user="root", password="", db="test",
+            host=parsed.host, port=parsed.port or 3306, user=parsed.username or "root",
+            password=parsed.password or "", db=parsed.database,
             autocommit=True, charset="utf8mb4", client_flag=CLIENT.FOUND_ROWS,
-            minsize=1, maxsize=1,
+            minsize=size, maxsize=size,
         )  # fmt: skip
         return self
 
@@ -213,11 +257,11 @@ class RawAsyncpg:
     """The driver alone: asyncpg's pool and its ``fetchrow`` / ``execute``."""
 
     @classmethod
-    async def open(cls, url: str) -> RawAsyncpg:
+    async def open(cls, url: str, size: int) -> RawAsyncpg:
         import asyncpg
 
         self = cls()
-        self.pool = await asyncpg.create_pool(url, min_size=1, max_size=1)
+        self.pool = await asyncpg.create_pool(url, min_size=size, max_size=size)
         return self
 
     async def close(self) -> None:
@@ -267,6 +311,57 @@ def count(tree: Path, backend: str, workload: str, operations: int, outbox: bool
         return int(summary[1])
 
 
+def cpu_run(tree: Path, backend: str, workload: str, concurrency: int, outbox: bool) -> float:
+    """Client CPU microseconds per operation of ``workload`` at
+    ``concurrency``, on ``tree``'s code, in a process of its own."""
+    command = [
+        sys.executable, str(Path(__file__).resolve()), "--run", str(CPU_OPERATIONS),
+        "--cpu", str(concurrency), "--backend", backend, "--workload", workload,
+        *(["--outbox"] if outbox else []),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run(command, env=env, check=True, capture_output=True, cwd=tmp, text=True)
+    return float(done.stdout.split()[-1]) / CPU_OPERATIONS * 1e6
+
+
+def cpu_main(args: argparse.Namespace, trees: list[Path], workloads: list[str]) -> None:
+    runs = [(tree, name) for tree in trees for name in workloads]
+    samples: dict[tuple[Path, str], list[float]] = {run: [] for run in runs}
+    for round_ in range(args.rounds):
+        for tree, name in runs if round_ % 2 == 0 else reversed(runs):
+            samples[tree, name].append(cpu_run(tree, args.backend, name, args.cpu, args.outbox))
+    results = []
+    for (tree, name), values in samples.items():
+        median = statistics.median(values)
+        results.append(
+            {
+                "workload": name,
+                "tree": str(tree),
+                "cpu_us_per_operation": round(median, 1),
+                "samples": [round(v, 1) for v in values],
+            }
+        )
+        print(f"{name} {tree}: {median:.1f} us client CPU per operation ({values})", flush=True)
+    # raw / aiofragno within each round (runs close in time share the
+    # machine's load), then the median of those.
+    for tree in trees:
+        for name in workloads:
+            raw = RAW_OF.get(name)
+            if raw not in workloads:
+                continue
+            ratios = [r / a for r, a in zip(samples[tree, raw], samples[tree, name], strict=True)]
+            ratio = statistics.median(ratios)
+            results.append({"workload": name, "tree": str(tree), "raw_over_aiofragno": round(ratio, 2)})
+            print(f"{raw} / {name} {tree}: {ratio:.2f} (median of rounds)", flush=True)
+    if args.json:
+        config = {
+            "backend": args.backend, "outbox": args.outbox, "concurrency": args.cpu,
+            "operations": CPU_OPERATIONS, "warm_up": CPU_WARM_UP, "rounds": args.rounds,
+        }  # fmt: skip
+        args.json.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="postgresql", choices=list(URLS))
@@ -274,13 +369,20 @@ def main() -> None:
     parser.add_argument("--workload", action="append", choices=WORKLOADS)
     parser.add_argument("--tree", action="append", type=Path, help="code to measure")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--cpu", type=int, default=0, metavar="CONCURRENCY")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--run", type=int, help=argparse.SUPPRESS)  # the measured process
     args = parser.parse_args()
     workloads = args.workload or ["transfer"]
     if args.run is not None:
-        asyncio.run(workload(args.backend, workloads[0], args.run, args.outbox))
+        used = asyncio.run(workload(args.backend, workloads[0], args.run, args.outbox, args.cpu))
+        if used is not None:
+            print(used)
         return
     trees = args.tree or [Path(__file__).resolve().parent.parent]
+    if args.cpu:
+        cpu_main(args, trees, workloads)
+        return
     results = []
     for name in workloads:
         for tree in trees:

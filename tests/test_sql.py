@@ -216,6 +216,30 @@ def test_in_list_expands_or_uses_an_array() -> None:
     )
 
 
+def test_a_template_compiled_again_gets_its_text_from_the_memo_and_fresh_values() -> None:
+    """The text of a template is remembered per compiler and per spliced
+    identifier or value-less fragment; values are bound (and checked) every
+    time, and an IN list is the one given to af.sql, whatever happens to it later."""
+    template = "SELECT {t}.a FROM {t} WHERE b = {b} AND c IN {c}"
+    for compiler, placeholders in ((MY, ("%s",) * 3), (PG, ("$1", "= ANY($2)"))):
+        for table, b in (("t1", "x"), ("t2", "y"), ("t1", 5)):
+            ids = [1, 2]
+            q = af.sql(template, t=af.Identifier(table), b=b, c=ids)
+            ids.append(3)
+            sql, params = compiler.compile(q)
+            assert f"{table}" in sql and sql.count(table) == 2
+            assert params == ((b, 1, 2) if compiler is MY else (b, [1, 2]))
+        raw = af.sql("t_raw")  # (a value-less fragment: spliced as text)
+        assert compiler.compile(af.sql("SELECT a FROM {t} WHERE b = {b}", t=raw, b=1))[0] == (
+            f"SELECT a FROM t_raw WHERE b = {placeholders[0]}"
+        )
+    with pytest.raises(af.ValidationError, match="cannot bind"):
+        MY.compile(af.sql("SELECT {v}", v=object()))
+    MY.compile(af.sql("SELECT {v}", v=1))
+    with pytest.raises(af.ValidationError, match="cannot bind"):
+        MY.compile(af.sql("SELECT {v}", v=object()))
+
+
 def test_empty_in_list() -> None:
     q = af.sql("SELECT * FROM t WHERE id in {ids}", ids=[])
     assert LITE.compile(q).sql == "SELECT * FROM t WHERE id IN (SELECT NULL WHERE 0)"

@@ -183,21 +183,26 @@ _BASES: tuple[tuple[type, Callable[[Any], str]], ...] = (
 
 
 def _literal(value: Any) -> str:
-    write = _LITERALS.get(type(value))
+    write = _LITERALS.get(type(value)) or _subclass_literal
+    return write(value)
+
+
+def _subclass_literal(value: Any) -> str:
+    write = next((w for base, w in _BASES if isinstance(value, base)), None)
     if write is None:
-        write = next((w for base, w in _BASES if isinstance(value, base)), None)
-        if write is None:
-            raise ValidationError(
-                f"cannot bind a {type(value).__name__} value on MySQL; convert it "
-                "(for example str(value)) before passing it"
-            )
+        raise ValidationError(
+            f"cannot bind a {type(value).__name__} value on MySQL; convert it "
+            "(for example str(value)) before passing it"
+        )
     return write(value)
 
 
 def _bind(sql: str, parameters: Sequence[Any]) -> str:
     """``sql`` with ``parameters`` as literals (``%`` in ``sql`` itself comes
     doubled from the compiler, so the formatting runs even without any)."""
-    return sql % tuple(map(_literal, parameters))
+    # (_literal written out: one call per value, not two.)
+    literals, other = _LITERALS, _subclass_literal
+    return sql % tuple([literals.get(type(value), other)(value) for value in parameters])
 
 
 # How much SQL text one round trip carries at most (in characters, up to 4
@@ -271,18 +276,40 @@ class AsyncmyConnection:
         return bool(status & SERVER_STATUS_IN_TRANS or not status & SERVER_STATUS_AUTOCOMMIT)
 
     async def execute_query(self, query: CompiledQuery) -> QueryResult:
-        return (await self.execute_batch((query,)))[0]
+        if self._begin.pending is not None:
+            return (await self.execute_batch((query,)))[0]
+        # One statement, the usual case, goes without the batch's bookkeeping
+        # and without a cursor: the connection's own query call, whose
+        # result the cursor would only copy. (Nor does it fetch the
+        # statement's warnings with a SHOW WARNINGS round trip, to log them,
+        # as the cursor does: aiofragno raises errors, and runs in strict
+        # mode, where what would lose data is an error.)
+        raw = self._raw
+        await raw.query(_bind(*query))
+        result = raw._result
+        raw.server_status = result.server_status  # (see _keep_status)
+        description = result.description
+        if description is None:
+            read = QueryResult([], result.affected_rows, result.insert_id or None)
+        else:
+            tuples = result.rows
+            index, utc = _columns(description)
+            if utc:
+                tuples = _utc_rows(utc, tuples)
+            read = QueryResult([Row(index, values) for values in tuples], len(tuples))
+        if result.has_next:
+            # (Text holding more statements: the cursor reads their
+            # results too, errors included, so that the next command can go.)
+            while raw._result.has_next:
+                await raw.next_result()
+            _keep_status(raw)
+        return read
 
     async def execute_batch(
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
     ) -> list[QueryResult]:
         if len(queries) == 1 and self._begin.pending is None:
-            # (One statement, the usual case, without the batch's bookkeeping.)
-            async with self._raw.cursor() as cursor:
-                await cursor.execute(_bind(*queries[0]))
-                result = await _read_result(cursor)
-            _keep_status(self._raw)
-            return [result]
+            return [await self.execute_query(queries[0])]
         lead = self._begin.take() or ()
         texts = [*lead, *(_bind(*query) for query in queries)]
         results: list[QueryResult] = []

@@ -68,7 +68,7 @@ PLAIN_STATEMENTS = (
 TEMPORARY_OBJECTS = r"\A\s*(?:create|drop)\b[^(;]*?\btemp"
 
 
-class SessionChanges:
+class SessionChanges(TextMemo[bool]):
     """:attr:`DialectAdapter.session_changes
     <aiofragno.driver.DialectAdapter.session_changes>` for one dialect: called
     with a statement's text, True when its first word is not one of
@@ -84,15 +84,14 @@ class SessionChanges:
     text, which the regex engine finds with a fast scan (one alternation of
     them all takes ten times as long)."""
 
-    __slots__ = ("_known", "_markers", "_plain")
-
     def __init__(self, plain: str, markers: tuple[str, ...] = ()) -> None:
+        super().__init__(self._classify)
         self._plain = re.compile(rf"\s*(?:{PLAIN_STATEMENTS}|{plain})\b")
         self._markers = tuple(re.compile(m) for m in (TEMPORARY_OBJECTS, *markers))
-        self._known = TextMemo(self._classify)
 
-    def __call__(self, sql: str) -> bool:
-        return self._known[sql]
+    # ``session_changes(sql)`` is the memo's look-up itself: it runs for
+    # every statement, and this way costs no Python call.
+    __call__ = TextMemo.__getitem__
 
     def _classify(self, sql: str) -> bool:
         text = sql.lower()

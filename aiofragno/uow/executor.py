@@ -7,6 +7,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .. import runtime
@@ -15,12 +16,13 @@ from ..errors import (
     CommitOutcomeUnknown,
     ConcurrencyConflict,
     ConnectionLost,
+    DatabaseUnavailable,
     ValidationError,
     WouldDeadlock,
 )
 from ..outbox.versionstamp import MAX_INDEX
 from ..outbox.writer import entry_values
-from ..resilience import Deadline, retry_read, shared_deadline
+from ..resilience import Deadline, is_retryable_loss, retry_read_after, shared_deadline
 from ..schema import new_external_id
 from ..session import Session
 from ..transaction import current_transaction
@@ -90,16 +92,22 @@ class HeldConnection:
     async def read(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
         """The reads, in order — all again on a fresh connection if this one is
         lost (reads have no effects)."""
-
-        async def read_all() -> list[QueryResult]:
-            session = await self.get()
-            try:
-                return await session.execute_batch(queries)
-            except BaseException:
-                await self.release()
+        try:
+            return await self._read_all(queries)
+        except (ConnectionLost, DatabaseUnavailable) as exc:
+            if not is_retryable_loss(exc):
                 raise
+            return await retry_read_after(
+                exc, self.db.options.reconnect_deadline, partial(self._read_all, queries)
+            )
 
-        return await retry_read(self.db.options.reconnect_deadline, read_all)
+    async def _read_all(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
+        session = await self.get()
+        try:
+            return await session.execute_batch(queries)
+        except BaseException:
+            await self.release()
+            raise
 
 
 def _check_not_waiting_for_itself(db: Engine) -> None:

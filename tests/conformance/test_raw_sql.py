@@ -13,6 +13,7 @@ import pytest
 
 import aiofragno as af
 from tests.conformance.conftest import Tables
+from tests.conftest import Target
 
 pytestmark = pytest.mark.anyio
 
@@ -500,6 +501,8 @@ async def test_200_concurrent_queries_over_a_pool_of_5(db: af.Database) -> None:
     assert stats.in_use == 0 and stats.idle <= 5
 
 
+# The server's id of the connection, where it has one.
+CONNECTION_ID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
 SLOW_QUERY = {
     "postgresql": "SELECT pg_sleep(10)",
     "mysql": "SELECT SLEEP(10)",
@@ -521,6 +524,28 @@ async def test_cancelling_a_query_leaves_the_pool_usable(db: af.Database) -> Non
             tg.start_soon(db.fetch_value, af.sql("SELECT 1"))
     assert await db.fetch_value(af.sql("SELECT {v} + 1", v=1)) == 2
     assert await db.is_healthy()
+
+
+async def test_a_read_cancelled_mid_flight_leaves_no_broken_connection_in_the_pool(
+    url: str, target: Target
+) -> None:
+    """A read cancelled while the server runs it (the read path's usual case:
+    an idle connection, taken without a coroutine) does not put its
+    connection back as it is: with a pool of one, the next read gets its
+    own result, not the cancelled one's, on a connection replaced (the
+    server may still be running the statement; on MySQL asyncmy's stream
+    is left mid-reply)."""
+    async with af.connect(url, backend=target.backend, pool_size=1) as solo:
+        connection_id = af.sql(CONNECTION_ID.get(solo.name, "SELECT NULL"))
+        first = await solo.fetch_value(connection_id)
+        with anyio.move_on_after(0.3) as scope:
+            await solo.fetch_one(solo._engine.raw(SLOW_QUERY[solo.name]))
+        assert scope.cancelled_caught
+        assert await solo.fetch_value(af.sql("SELECT {v} + 1", v=6), int) == 7
+        if solo.name in CONNECTION_ID:
+            assert await solo.fetch_value(connection_id) != first
+        stats = solo._engine._driver.pool.stats  # type: ignore[attr-defined]
+        assert (stats.idle, stats.in_use) == (1, 0)
 
 
 async def test_cancelling_inside_a_transaction_rolls_it_back(

@@ -376,7 +376,9 @@ class SqlCompiler:
                 elif kind is Identifier or (
                     kind is Fragment and (value._params == {} or value._has_no_values())
                 ):
-                    spliced.append(value)
+                    # (With its hole's position: which holes are spliced
+                    # varies from call to call, and each way has its own text.)
+                    spliced += (len(params) + len(spliced) // 2, value)
                 else:
                     break  # (a list, a fragment with values, ...: compiled in full)
             else:

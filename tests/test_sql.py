@@ -315,3 +315,24 @@ def test_nul_in_postgres_text_is_refused_before_sending() -> None:
 def test_json_must_be_serialisable() -> None:
     with pytest.raises(af.ValidationError, match="not a JSON document"):
         PG.compile(af.sql("SELECT {v}", v={"x": object()}))
+
+
+def test_the_memo_tells_apart_which_holes_hold_names_and_which_values() -> None:
+    """A template's holes may hold an identifier (or a value-less fragment)
+    in one call and a value in the next: each way compiles to its own text,
+    not the text remembered for the other (which put the name where the
+    value belongs, and the value where the name does)."""
+    template = "SELECT {a} AS p, {b} AS q"
+    raw = af.sql("1")
+    for compiler, slot in ((PG, "$1"), (MY, "%s"), (LITE, "?")):
+        for name in (af.Identifier("x"), raw):
+            spliced = '"x"' if name == af.Identifier("x") else "1"
+            spliced = spliced.replace('"', "`") if compiler is MY else spliced
+            assert compiler.compile(af.sql(template, a=name, b=2)) == (
+                f"SELECT {spliced} AS p, {slot} AS q",
+                (2,),
+            )
+            assert compiler.compile(af.sql(template, a=2, b=name)) == (
+                f"SELECT {slot} AS p, {spliced} AS q",
+                (2,),
+            )

@@ -104,10 +104,21 @@ class Transaction(Queries):
 
     async def _finish(self, end: Callable[[], Awaitable[Any]]) -> None:
         """``end`` (COMMIT or ROLLBACK) once the statement another task may be
-        running in this transaction is done."""
+        running in this transaction is done. Refused with
+        :class:`ProgrammingError` while another task's stream is open on it:
+        the connection is reading that stream's result, and could neither
+        end the transaction (MySQL would wait forever for its reply) nor go
+        back to the pool; it is discarded instead."""
         if not self._turn():
             await self._lock.acquire()
         try:
+            if self.stream_open:
+                self.session.broken = True
+                raise ProgrammingError(
+                    "this transaction was left while a stream was still open on it (in another "
+                    "task); it has been rolled back and its connection discarded. Leave the "
+                    "stream's `async with` block before the transaction's"
+                )
             await end()
         finally:
             self._lock.release()

@@ -448,7 +448,10 @@ class SqlCompiler:
         if quoted is None:
             self._check_identifier(name)
             q = self._quote
-            quoted = self._quoted[name] = q + name.replace(q, q + q) + q
+            quoted = q + name.replace(q, q + q) + q
+            if len(self._quoted) >= _MEMO_SIZE:
+                self._quoted.clear()  # (names made at run time: start over)
+            self._quoted[name] = quoted
         return quoted
 
     def _check_identifier(self, name: str) -> None:

@@ -336,3 +336,16 @@ def test_the_memo_tells_apart_which_holes_hold_names_and_which_values() -> None:
                 f"SELECT {slot} AS p, {spliced} AS q",
                 (2,),
             )
+
+
+def test_the_compilers_memos_stay_bounded_for_names_and_templates_made_at_run_time() -> None:
+    """A name or a template per call (built from data, say) must not make a
+    compiler's memos grow for as long as the process lives."""
+    compiler = postgresql.create_compiler()
+    for i in range(5000):
+        name = f"c{i}"
+        assert compiler.compile(af.sql(f"SELECT {{n}} AS x{i}", n=af.Identifier(name))) == (
+            f'SELECT "{name}" AS x{i}',
+            (),
+        )
+    assert len(compiler._quoted) <= 1024 and len(compiler._texts) <= 1024

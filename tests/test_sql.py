@@ -349,3 +349,15 @@ def test_the_compilers_memos_stay_bounded_for_names_and_templates_made_at_run_ti
             (),
         )
     assert len(compiler._quoted) <= 1024 and len(compiler._texts) <= 1024
+
+
+def test_an_aware_time_is_refused_on_mysql_not_bound_without_its_offset() -> None:
+    """MySQL's TIME keeps no zone, and the driver wrote an aware time's clock
+    reading alone (01:02 at +05:00 bound as 01:02): refused, as a time column
+    refuses it; a naive time binds as it is."""
+    aware = dt.time(1, 2, tzinfo=dt.timezone(dt.timedelta(hours=5)))
+    with pytest.raises(af.ValidationError, match="time zone"):
+        MY.compile(af.sql("SELECT {t}", t=aware))
+    with pytest.raises(af.ValidationError, match="time zone"):
+        MY.compile(af.sql("SELECT 1 WHERE {t} IN {ts}", t=1, ts=[dt.time(1), aware]))
+    assert MY.compile(af.sql("SELECT {t}", t=dt.time(1, 2))).parameters == (dt.time(1, 2),)

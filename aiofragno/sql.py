@@ -376,7 +376,9 @@ class SqlCompiler:
                 elif kind is Identifier or (
                     kind is Fragment and (value._params == {} or value._has_no_values())
                 ):
-                    spliced.append(value)
+                    # (With its hole's position: which holes are spliced
+                    # varies from call to call, and each way has its own text.)
+                    spliced += (len(params) + len(spliced) // 2, value)
                 else:
                     break  # (a list, a fragment with values, ...: compiled in full)
             else:
@@ -446,7 +448,10 @@ class SqlCompiler:
         if quoted is None:
             self._check_identifier(name)
             q = self._quote
-            quoted = self._quoted[name] = q + name.replace(q, q + q) + q
+            quoted = q + name.replace(q, q + q) + q
+            if len(self._quoted) >= _MEMO_SIZE:
+                self._quoted.clear()  # (names made at run time: start over)
+            self._quoted[name] = quoted
         return quoted
 
     def _check_identifier(self, name: str) -> None:

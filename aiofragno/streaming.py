@@ -269,6 +269,14 @@ class TransactionStream(Stream):
             return await super()._fetch()
 
     async def _end(self, exc: BaseException | None) -> None:
+        if self._tx.ended:
+            # Left after the transaction (by another task): its connection
+            # is no longer this stream's to touch; the transaction refused to
+            # end over the open stream (Transaction._finish) and discarded it.
+            if self._rows is not None:
+                self._rows.closed = True
+            self._stream = None
+            return
         try:
             cancelled = isinstance(exc, runtime.get_cancelled_exc_class())
             await self._close(exc, drain=not cancelled)

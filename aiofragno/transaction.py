@@ -53,13 +53,16 @@ class Transaction(Queries):
         self.outer = outer  # the enclosing transaction in this context, of any Database
         self.ended = False
         self.stream_open = False  # (a stream holds the connection: see check_usable)
-        # Serializes the statements (and the end) of tasks sharing it: see _turn.
+        # Serializes the statements (and the end) of tasks sharing it. A free
+        # lock is taken without a trip through the event loop, but a pending
+        # cancellation is raised before the statement is sent: else SQLite
+        # would run it (in its thread) and the caller, told it was cancelled,
+        # could go on to commit it.
         self._lock = runtime.Lock(fast_acquire=True)
 
     async def _run(self, query: Fragment, read: Read[T]) -> T:
         compiled = self.db.compile(query)
-        if not self._turn():
-            await self._lock.acquire()
+        await self._lock.acquire()
         try:
             self.check_usable()
             if self.db.adapter.session_changes(compiled.sql):
@@ -67,19 +70,6 @@ class Transaction(Queries):
             return read(await self.session.execute(compiled))
         finally:
             self._lock.release()
-
-    def _turn(self) -> bool:
-        """Take the lock if it is free, without awaiting (False: wait for it).
-        No checkpoint, as outside a transaction: a cancellation pending
-        before the statement is raised by its first wait for the server,
-        which marks the session interrupted, like any cancellation mid-
-        statement — the transaction is then rolled back and its connection
-        reset or discarded."""
-        try:
-            self._lock.acquire_nowait()
-        except runtime.WouldBlock:
-            return False
-        return True
 
     def _stream(self, query: Fragment, batch_size: int) -> TransactionStream:
         return TransactionStream(self, self.db.compile(query), batch_size)
@@ -104,10 +94,20 @@ class Transaction(Queries):
 
     async def _finish(self, end: Callable[[], Awaitable[Any]]) -> None:
         """``end`` (COMMIT or ROLLBACK) once the statement another task may be
-        running in this transaction is done."""
-        if not self._turn():
-            await self._lock.acquire()
+        running in this transaction is done. Refused with
+        :class:`ProgrammingError` while another task's stream is open on it:
+        the connection is reading that stream's result, and could neither
+        end the transaction (MySQL would wait forever for its reply) nor go
+        back to the pool; it is discarded instead."""
+        await self._lock.acquire()
         try:
+            if self.stream_open:
+                self.session.broken = True
+                raise ProgrammingError(
+                    "this transaction was left while a stream was still open on it (in another "
+                    "task); it has been rolled back and its connection discarded. Leave the "
+                    "stream's `async with` block before the transaction's"
+                )
             await end()
         finally:
             self._lock.release()

@@ -315,3 +315,49 @@ def test_nul_in_postgres_text_is_refused_before_sending() -> None:
 def test_json_must_be_serialisable() -> None:
     with pytest.raises(af.ValidationError, match="not a JSON document"):
         PG.compile(af.sql("SELECT {v}", v={"x": object()}))
+
+
+def test_the_memo_tells_apart_which_holes_hold_names_and_which_values() -> None:
+    """A template's holes may hold an identifier (or a value-less fragment)
+    in one call and a value in the next: each way compiles to its own text,
+    not the text remembered for the other (which put the name where the
+    value belongs, and the value where the name does)."""
+    template = "SELECT {a} AS p, {b} AS q"
+    raw = af.sql("1")
+    for compiler, slot in ((PG, "$1"), (MY, "%s"), (LITE, "?")):
+        for name in (af.Identifier("x"), raw):
+            spliced = '"x"' if name == af.Identifier("x") else "1"
+            spliced = spliced.replace('"', "`") if compiler is MY else spliced
+            assert compiler.compile(af.sql(template, a=name, b=2)) == (
+                f"SELECT {spliced} AS p, {slot} AS q",
+                (2,),
+            )
+            assert compiler.compile(af.sql(template, a=2, b=name)) == (
+                f"SELECT {slot} AS p, {spliced} AS q",
+                (2,),
+            )
+
+
+def test_the_compilers_memos_stay_bounded_for_names_and_templates_made_at_run_time() -> None:
+    """A name or a template per call (built from data, say) must not make a
+    compiler's memos grow for as long as the process lives."""
+    compiler = postgresql.create_compiler()
+    for i in range(5000):
+        name = f"c{i}"
+        assert compiler.compile(af.sql(f"SELECT {{n}} AS x{i}", n=af.Identifier(name))) == (
+            f'SELECT "{name}" AS x{i}',
+            (),
+        )
+    assert len(compiler._quoted) <= 1024 and len(compiler._texts) <= 1024
+
+
+def test_an_aware_time_is_refused_on_mysql_not_bound_without_its_offset() -> None:
+    """MySQL's TIME keeps no zone, and the driver wrote an aware time's clock
+    reading alone (01:02 at +05:00 bound as 01:02): refused, as a time column
+    refuses it; a naive time binds as it is."""
+    aware = dt.time(1, 2, tzinfo=dt.timezone(dt.timedelta(hours=5)))
+    with pytest.raises(af.ValidationError, match="time zone"):
+        MY.compile(af.sql("SELECT {t}", t=aware))
+    with pytest.raises(af.ValidationError, match="time zone"):
+        MY.compile(af.sql("SELECT 1 WHERE {t} IN {ts}", t=1, ts=[dt.time(1), aware]))
+    assert MY.compile(af.sql("SELECT {t}", t=dt.time(1, 2))).parameters == (dt.time(1, 2),)

@@ -6,6 +6,7 @@ from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from uuid import UUID
 
+from ..brief import brief
 from ..driver import (
     Capabilities,
     CatalogSql,
@@ -33,6 +34,7 @@ from ..errors import (
     ReadOnlyDatabase,
     SerializationFailure,
     UniqueViolation,
+    ValidationError,
 )
 from ..sql import Json, SqlCompiler, unicode_text
 from .common import (
@@ -221,6 +223,17 @@ SESSION_SQL = (
 )
 
 
+def _naive_time(value: time) -> time:
+    # TIME keeps no zone, and the driver writes an aware time's clock
+    # reading without its offset: refused, as a time column refuses it.
+    if value.tzinfo is not None:
+        raise ValidationError(
+            f"{brief(value, 80)} has a time zone, which MySQL's TIME does not keep: pass a naive "
+            "time (value.replace(tzinfo=None)), or a datetime"
+        )
+    return value
+
+
 def create_compiler() -> SqlCompiler:
     return SqlCompiler(
         placeholder="%s",
@@ -237,6 +250,7 @@ def create_compiler() -> SqlCompiler:
             Decimal: decimal_param(65, 30, special=False),
             # (As a uuid column stores them, so that a raw comparison matches.)
             UUID: uuid_bytes,
+            time: _naive_time,
         },
         empty_set="SELECT NULL FROM DUAL WHERE 1=0",
         # What the backend writes as a literal itself (see asyncmy._literal).

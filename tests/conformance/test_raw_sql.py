@@ -562,6 +562,24 @@ async def test_cancelling_inside_a_transaction_rolls_it_back(
     assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 1
 
 
+async def test_a_statement_cancelled_before_it_is_sent_in_a_transaction_is_not_applied(
+    db: af.Database, tables: Tables
+) -> None:
+    """A transaction's statement whose task is already cancelled raises the
+    cancellation before it is sent, as a checkpoint would: the caller, told
+    it was cancelled, may catch that and go on to commit the rest. (Taking
+    the transaction's free lock without checking made SQLite run it in its
+    thread and commit it with the rest, and MySQL fail the next statement.)"""
+    table = await make_table(db, tables, {"i": "integer"})
+    async with db.transaction() as tx:
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (1)", t=table))
+        assert scope.cancelled_caught
+        await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (2)", t=table))
+    assert await db.fetch(af.sql("SELECT i FROM {t}", t=table)) == [{"i": 2}]
+
+
 async def test_cancelling_a_commit_batch_before_its_commit_applies_nothing(
     db: af.Database, tables: Tables
 ) -> None:

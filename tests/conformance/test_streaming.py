@@ -297,3 +297,34 @@ async def test_stream_find_pages_through_a_table_decoded(shop: Env) -> None:
     with pytest.raises(af.ValidationError, match="NULL"):
         async for _row in find(order_by="note", page_size=2):  # (NULLs first or last)
             pass
+
+
+async def test_a_transaction_left_while_another_task_streams_in_it(db1: af.Database) -> None:
+    """A task streaming in a transaction that the task owning it leaves: the
+    transaction's end is refused (its connection is reading the stream's
+    result: MySQL's COMMIT waited forever for its reply, PostgreSQL's
+    committed with the portal open and the stream then closed it on a
+    connection back in the pool), the connection is discarded, and the
+    stream touches it no more."""
+    await db1.execute(af.sql("DROP TABLE IF EXISTS stream_left"))
+    await db1.execute(af.sql("CREATE TABLE stream_left (x integer)"))
+    release = anyio.Event()
+
+    async def reader(tx: af.Transaction, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with tx.stream(numbered(db1, 300), batch_size=100) as rows:
+            assert len(await rows.next_batch()) == 100
+            task_status.started()
+            await release.wait()
+            with pytest.raises(af.TransactionClosed):
+                await rows.next_batch()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            with pytest.raises(af.ProgrammingError, match="stream was still open"):
+                async with db1.transaction() as tx:
+                    await tx.execute(af.sql("INSERT INTO stream_left (x) VALUES (1)"))
+                    await tg.start(reader, tx)
+            release.set()
+    assert pool_in_use(db1) == 0
+    assert await db1.fetch_value(af.sql("SELECT count(*) FROM stream_left"), int) == 0
+    await db1.execute(af.sql("DROP TABLE stream_left"))

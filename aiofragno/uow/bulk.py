@@ -18,8 +18,9 @@ read, makes the unit conflict and run again. (Versions only grow, one per
 write, so the sum of the versions read plus one per row is reached only if
 no row moved.) A delete first bumps its rows' versions, to lock and check
 them, then deletes them. With ``where=`` and ``check=True``, a
-:class:`_MatchCount` check before the call's writes also conflicts if a row
-matching ``where`` appeared since the retrieval.
+:class:`_MatchCount` check at the start of the phase (before the unit's
+own writes, which it must not count) also conflicts if a row matching
+``where`` appeared since the retrieval.
 """
 
 from __future__ import annotations
@@ -496,9 +497,10 @@ class _RowsAt(Check):
 
 
 class _MatchCount(Check):
-    """A conflict unless exactly ``count`` rows match ``where``: before the
-    call's writes, so that a row matching it that appeared since the unit's
-    retrieval makes the unit run again. Alone in its statement, as
+    """A conflict unless exactly ``count`` rows match ``where``: first in
+    the phase (:func:`expand`), so that a row matching it that appeared
+    since the unit's retrieval — not one of the unit's own writes — makes
+    the unit run again. Alone in its statement, as
     :class:`_RowsAt`."""
 
     runs_alone = True
@@ -690,11 +692,17 @@ def queue_bulk(
 
 
 def expand(ops: Sequence[MutationOp]) -> list[MutationOp]:
-    """``ops`` with each :class:`PendingBulk` replaced by its statements."""
+    """``ops`` with each :class:`PendingBulk` replaced by its statements,
+    and their :class:`_MatchCount` checks first in the phase: a check that
+    no other row matches ``where`` now must not count the rows the unit's
+    own earlier writes made match (a row it created did not appear "since
+    the retrieval"), or the unit would conflict with itself on every run."""
+    checks: list[MutationOp] = []
     expanded: list[MutationOp] = []
     for op in ops:
         if isinstance(op, PendingBulk):
-            expanded += op.expand()
+            for part in op.expand():
+                (checks if isinstance(part, _MatchCount) else expanded).append(part)
         else:
             expanded.append(op)
-    return expanded
+    return [*checks, *expanded]

@@ -491,7 +491,17 @@ class _RowsAt(Check):
             ctx.text(" AND c.s = ")
             ctx.raw_value(self.versions)
 
+    @property
+    def seen(self) -> bool:
+        """Whether the unit read every row (each id carries its version):
+        one gone is then a conflict. Given plain ids, a missing row may never
+        have been there, which — as for ``update`` of such an id — is
+        :class:`~aiofragno.RowNotFound`, not a conflict to run again."""
+        return all(getattr(target, "version", None) is not None for target in self.ids)
+
     def stale(self) -> str:
+        if not self.seen:
+            return f"{self.what} on {self.table.name}: a row of the ids given does not exist"
         why = "a row changed or is gone" if self.versions is not None else "a row is gone"
         return f"{self.what} on {self.table.name}: {why} since the unit read it"
 

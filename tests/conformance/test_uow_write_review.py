@@ -92,3 +92,25 @@ async def test_upsert_updates_the_key_row_when_its_other_values_collide_elsewher
     assert (handle.created, handle.result) == (False, y1)
     rows = {row["name"]: (row["email"], row["count"]) for row in await keys.find("counters")}
     assert rows == {"a": ("e1", 5), "b": ("e2", 0)}
+
+
+async def test_bulk_write_by_ids_of_no_row_is_row_not_found(items: Env) -> None:
+    """update_many/delete_many by ids the unit never read (plain str), one
+    of which names no row: RowNotFound at once, as uow.update of that id
+    gives — not a "conflict" retried until the policy gives up and then
+    reported as ConcurrencyConflict; nothing is written."""
+    [a] = await items.create("items", {"name": "a", "qty": 1})
+    nowhere = "01900000-0000-7000-8000-000000000000"
+
+    for write in (
+        lambda uow: uow.update_many("items", rows=[str(a), nowhere], values={"qty": 2}),
+        lambda uow: uow.delete_many("items", rows=[str(a), nowhere]),
+    ):
+
+        async def unit(uow: af.UnitOfWork, write: Any = write) -> None:
+            write(uow)
+
+        with pytest.raises(af.RowNotFound):
+            await items.run(unit, retry=ONCE)
+    [row] = await items.find("items")
+    assert (row["qty"], row["id"].version) == (1, 0)

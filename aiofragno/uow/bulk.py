@@ -31,6 +31,7 @@ from itertools import chain
 from typing import Any
 
 from ..brief import brief
+from ..codec import MUTABLE, MUTABLE_KINDS, as_queued
 from ..driver import CompiledQuery
 from ..errors import ValidationError
 from ..outbox.writer import stored_column, stored_values
@@ -277,6 +278,8 @@ def _fast_columns(
             assert column is not None
             encode = info.encode
             col = [row.get(info.name, column.default) for row in rows]
+            if info.kind in MUTABLE_KINDS:  # (the entry describes them as bound now)
+                col = list(map(as_queued, col))
             encoded: list[Any]
             if None in col:
                 if not column.nullable:
@@ -377,6 +380,8 @@ def _create_row(
         param, lookup = _bind_value(table, info, value)
         params.append(param)
         looked_up.append(bool(lookup))
+        if isinstance(value, MUTABLE):
+            complete[info.name] = as_queued(value)  # (the entry describes it as bound now)
         if type(param) is str or type(param) is bytes:
             size += len(param)
     if given != len(values):  # a name that is no column of the table (a typo, say)

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 import aiofragno as af
+from tests.conformance.namespaces import new_namespace
 from tests.conformance.test_uow_upsert import KEYS, keys, mutations  # noqa: F401
-from tests.conformance.uow_env import Env
+from tests.conformance.uow_env import Env, drop_namespace
 from tests.conftest import Target
 
 pytestmark = pytest.mark.anyio
@@ -114,3 +115,46 @@ async def test_bulk_write_by_ids_of_no_row_is_row_not_found(items: Env) -> None:
             await items.run(unit, retry=ONCE)
     [row] = await items.find("items")
     assert (row["qty"], row["id"].version) == (1, 0)
+
+
+DOCS = af.Schema(
+    "docs",
+    af.Table(
+        "docs",
+        af.Column("n", "bigint"),
+        af.Column("doc", "json"),
+        af.Column("blob", "binary", nullable=True),
+    ),
+)
+
+
+async def test_payload_holds_values_as_queued_when_the_caller_reuses_them(
+    url: str, target: Target
+) -> None:
+    """A dict (json) or bytearray (binary) the caller changes after queueing
+    a write — a template reused in a loop — is stored as it was when queued;
+    the outbox entry must describe that, not the value as it is at commit."""
+    async with af.connect(url, backend=target.backend, outbox="counter") as odb:
+        env = Env(odb, DOCS, new_namespace())
+        await odb.migrate(DOCS, namespace=env.namespace)
+        try:
+            units: list[af.UnitOfWork] = []
+
+            async def unit(uow: af.UnitOfWork) -> None:
+                units.append(uow)
+                doc, blob = {"i": 0}, bytearray(b"\x00")
+                uow.create("docs", {"n": 0, "doc": doc, "blob": blob})
+                uow.create_many("docs", [{"n": 1, "doc": doc, "blob": blob}])
+                doc["i"], blob[0] = 9, 9
+
+            await env.run(unit)
+            stamp = units[-1].versionstamp
+            assert stamp is not None
+            [entry] = await odb.outbox.list(after=f"{int(stamp, 16) - 1:024x}", limit=1)
+            stored = {row["n"]: (row["doc"], row["blob"]) for row in await env.find("docs")}
+            assert stored == {0: ({"i": 0}, b"\x00"), 1: ({"i": 0}, b"\x00")}
+            one, many = entry.payload["mutations"]
+            described = [one["values"], many["rows"][0]["values"]]
+            assert [(v["doc"], v["blob"]) for v in described] == [({"i": 0}, b"\x00")] * 2
+        finally:
+            await drop_namespace(odb, DOCS, env.namespace)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 import aiofragno as af
 from tests.conformance.namespaces import new_namespace
-from tests.conformance.test_uow_upsert import KEYS, keys, mutations  # noqa: F401
+from tests.conformance.test_uow_upsert import KEYS, PATIENT, keys, mutations  # noqa: F401
 from tests.conformance.uow_env import Env, drop_namespace
 from tests.conftest import Target
 
@@ -158,3 +159,34 @@ async def test_payload_holds_values_as_queued_when_the_caller_reuses_them(
             assert [(v["doc"], v["blob"]) for v in described] == [({"i": 0}, b"\x00")] * 2
         finally:
             await drop_namespace(odb, DOCS, env.namespace)
+
+
+async def test_concurrent_plain_upserts_each_entry_says_what_it_did(keys: Env) -> None:  # noqa: F811
+    """Concurrent unchecked upserts of one key: one creates, the others
+    update that row, and each unit's entry says which it did, of that row."""
+    start = await keys.db.outbox.latest()
+    done: list[tuple[af.Upserted, str]] = []
+
+    async def worker(count: int) -> None:
+        units: list[af.UnitOfWork] = []
+
+        async def unit(uow: af.UnitOfWork) -> af.Upserted:
+            units.append(uow)
+            return uow.upsert("counters", {"name": "k", "count": count}, on="by_name")
+
+        done.append((await keys.run(unit, retry=PATIENT), units[-1].uow_id))
+
+    async with anyio.create_task_group() as tg:
+        for count in range(8):
+            tg.start_soon(worker, count)
+    [row] = await keys.find("counters")
+    assert [handle.created for handle, _ in done].count(True) == 1
+    assert {handle.result for handle, _ in done} == {row["id"]}
+    entries = {
+        entry.uow_id: entry.payload["mutations"]
+        for entry in await keys.db.outbox.list(after=start, limit=1000)
+    }
+    for handle, uow_id in done:
+        [mutation] = entries[uow_id]
+        assert mutation["op"] == ("create" if handle.created else "update")
+        assert mutation["external_id"] == row["id"]

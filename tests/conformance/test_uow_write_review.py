@@ -217,3 +217,57 @@ async def test_a_key_equal_to_an_unkeyed_units_id_is_not_already_applied(
 
     await keys.run(handle, idempotency_key=event_id)
     assert await keys.count("counters") == 2
+
+
+async def test_upsert_and_bulk_writes_after_a_lost_commit_reply(
+    keys: Env,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The COMMIT of a keyed unit with an upsert, a create_many and an
+    update_many is applied, and its reply lost: the unit is settled as
+    committed (not run again, not reported failed), each handle tells what
+    was written or says it cannot (never a wrong row), and one entry
+    describes it."""
+    from aiofragno.session import Session
+
+    [x] = await keys.create("counters", {"name": "x", "count": 1})
+    start = await keys.db.outbox.latest()
+    lost = {"armed": True}
+
+    def losing(original: Any) -> Any:
+        async def commit(self: Session, *args: Any, **kwargs: Any) -> Any:
+            result = await original(self, *args, **kwargs)
+            if lost["armed"]:
+                lost["armed"] = False
+                self.broken = True
+                raise af.CommitOutcomeUnknown("reply to COMMIT lost (test)")
+            return result
+
+        return commit
+
+    monkeypatch.setattr(Session, "commit", losing(Session.commit))
+    monkeypatch.setattr(Session, "execute_committing", losing(Session.execute_committing))
+    attempts: list[int] = []
+
+    async def unit(uow: af.UnitOfWork) -> tuple[af.Upserted, list[af.RowId], af.BulkWrite]:
+        attempts.append(1)
+        upserted = uow.upsert("counters", {"name": "x", "count": 5}, on="by_name")
+        made = uow.create_many("counters", [{"name": "m1"}, {"name": "m2"}])
+        bulk = uow.update_many("counters", {"name": "x"}, {"note": "n"})
+        return upserted, made, bulk
+
+    key = f"lost-commit-{keys.namespace}"  # (the keys table is the database's)
+    upserted, made, bulk = await keys.run(unit, idempotency_key=key)
+    assert not lost["armed"] and len(attempts) == 1
+    try:
+        assert (upserted.result, upserted.created) == (x, False)
+    except af.ValidationError as exc:
+        assert "read the row by its key" in str(exc)
+    assert bulk.ids == [x]
+    rows = {row["name"]: row for row in await keys.find("counters")}
+    assert set(rows) == {"x", "m1", "m2"} and [rows["m1"]["id"], rows["m2"]["id"]] == made
+    assert (rows["x"]["count"], rows["x"]["note"], rows["x"]["id"].version) == (5, "n", 2)
+    kinds = [m["op"] for m in await mutations(keys, start)]
+    assert kinds == ["update", "create_many", "update_many"]
+    with pytest.raises(af.AlreadyApplied):
+        await keys.run(unit, idempotency_key=key)

@@ -1,6 +1,9 @@
-"""Review of the unit of work's write paths (reviewer r2): cases where a
-unit's own earlier writes change what a later write in the same unit
-checks or describes."""
+"""Review of the unit of work's write paths (reviewer r2) on every backend
+and runtime: a unit's own earlier writes and the caller's later changes to
+its values against what a write checks and what its outbox entry says,
+upserts under concurrency and after a lost COMMIT reply, bulk writes by
+ids of no row, and idempotency keys that collide with unkeyed units' ids.
+Defects not fixed here are xfail(strict=True), with the reason."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ enum values outside the declared set, times with a time zone.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Callable
@@ -478,6 +479,25 @@ def read_back(kind: str, arg: TypeArg, value: Any) -> Any:
         return [read_back(arg.element, arg.element_arg, item) for item in value]
     convert = _READ_BACK.get(kind)
     return value if convert is None else convert(value)
+
+
+# What a caller can still change after queueing a write: the values of
+# json, array and binary columns.
+MUTABLE = (dict, list, bytearray, memoryview)
+# The kinds whose values can be MUTABLE.
+MUTABLE_KINDS = frozenset({"json", "array", "binary"})
+
+
+def as_queued(value: Any) -> Any:
+    """``value`` as it is now: a copy of a dict, list or bytearray (bytes
+    for the bytes-like), which the caller can change after queueing the
+    write that stored it. The outbox entry, written at commit, must
+    describe what the write stored, not what the value has become."""
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, dict | list):
+        return copy.deepcopy(value)
+    return value
 
 
 def _aware(value: datetime) -> datetime:

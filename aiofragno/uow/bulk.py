@@ -18,8 +18,9 @@ read, makes the unit conflict and run again. (Versions only grow, one per
 write, so the sum of the versions read plus one per row is reached only if
 no row moved.) A delete first bumps its rows' versions, to lock and check
 them, then deletes them. With ``where=`` and ``check=True``, a
-:class:`_MatchCount` check before the call's writes also conflicts if a row
-matching ``where`` appeared since the retrieval.
+:class:`_MatchCount` check at the start of the phase (before the unit's
+own writes, which it must not count) also conflicts if a row matching
+``where`` appeared since the retrieval.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from itertools import chain
 from typing import Any
 
 from ..brief import brief
+from ..codec import MUTABLE, MUTABLE_KINDS, as_queued
 from ..driver import CompiledQuery
 from ..errors import ValidationError
 from ..outbox.writer import stored_column, stored_values
@@ -276,6 +278,8 @@ def _fast_columns(
             assert column is not None
             encode = info.encode
             col = [row.get(info.name, column.default) for row in rows]
+            if info.kind in MUTABLE_KINDS:  # (the entry describes them as bound now)
+                col = list(map(as_queued, col))
             encoded: list[Any]
             if None in col:
                 if not column.nullable:
@@ -376,6 +380,8 @@ def _create_row(
         param, lookup = _bind_value(table, info, value)
         params.append(param)
         looked_up.append(bool(lookup))
+        if isinstance(value, MUTABLE):
+            complete[info.name] = as_queued(value)  # (the entry describes it as bound now)
         if type(param) is str or type(param) is bytes:
             size += len(param)
     if given != len(values):  # a name that is no column of the table (a typo, say)
@@ -490,15 +496,26 @@ class _RowsAt(Check):
             ctx.text(" AND c.s = ")
             ctx.raw_value(self.versions)
 
+    @property
+    def seen(self) -> bool:
+        """Whether the unit read every row (each id carries its version):
+        one gone is then a conflict. Given plain ids, a missing row may never
+        have been there, which — as for ``update`` of such an id — is
+        :class:`~aiofragno.RowNotFound`, not a conflict to run again."""
+        return all(getattr(target, "version", None) is not None for target in self.ids)
+
     def stale(self) -> str:
+        if not self.seen:
+            return f"{self.what} on {self.table.name}: a row of the ids given does not exist"
         why = "a row changed or is gone" if self.versions is not None else "a row is gone"
         return f"{self.what} on {self.table.name}: {why} since the unit read it"
 
 
 class _MatchCount(Check):
-    """A conflict unless exactly ``count`` rows match ``where``: before the
-    call's writes, so that a row matching it that appeared since the unit's
-    retrieval makes the unit run again. Alone in its statement, as
+    """A conflict unless exactly ``count`` rows match ``where``: first in
+    the phase (:func:`expand`), so that a row matching it that appeared
+    since the unit's retrieval — not one of the unit's own writes — makes
+    the unit run again. Alone in its statement, as
     :class:`_RowsAt`."""
 
     runs_alone = True
@@ -690,11 +707,17 @@ def queue_bulk(
 
 
 def expand(ops: Sequence[MutationOp]) -> list[MutationOp]:
-    """``ops`` with each :class:`PendingBulk` replaced by its statements."""
+    """``ops`` with each :class:`PendingBulk` replaced by its statements,
+    and their :class:`_MatchCount` checks first in the phase: a check that
+    no other row matches ``where`` now must not count the rows the unit's
+    own earlier writes made match (a row it created did not appear "since
+    the retrieval"), or the unit would conflict with itself on every run."""
+    checks: list[MutationOp] = []
     expanded: list[MutationOp] = []
     for op in ops:
         if isinstance(op, PendingBulk):
-            expanded += op.expand()
+            for part in op.expand():
+                (checks if isinstance(part, _MatchCount) else expanded).append(part)
         else:
             expanded.append(op)
-    return expanded
+    return [*checks, *expanded]

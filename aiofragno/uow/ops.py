@@ -21,6 +21,7 @@ from typing import Any, Generic, Literal, NoReturn, TypeVar
 
 from .. import tagged_json
 from ..brief import brief
+from ..codec import MUTABLE, as_queued
 from ..driver import CompiledQuery, QueryResult
 from ..errors import RowNotFound, ValidationError
 from ..schema import EXTERNAL_ID, INTERNAL_ID, VERSION, RowId, new_external_id
@@ -71,11 +72,13 @@ def statement_text(
 
 
 def _bind_values(
-    table: TableInfo, values: Mapping[str, Any], what: str, *, bind_nulls: bool
+    table: TableInfo, values: dict[str, Any], what: str, *, bind_nulls: bool
 ) -> tuple[list[Any], tuple[Any, ...], tuple[str, ...]]:
     """Check ``values`` — writable columns, each value of its column's type —
     and bind them: the parameters in order, the way a render walk would bind
-    them, without the walk. A None is a parameter of its own only with
+    them, without the walk. ``values`` (the operation's own dict) keeps a
+    copy of each value the caller could still change (:func:`as_queued`),
+    so that its outbox entry describes what was bound. A None is a parameter of its own only with
     ``bind_nulls``; else the text says NULL, which a NOT NULL column refuses.
     Also what the text depends on besides the names, one entry per value
     (None for a NULL; for a reference, whether its row is looked up by
@@ -100,6 +103,8 @@ def _bind_values(
         variant.append(looked_up)
         if looked_up:
             lookups.append(param)
+        elif isinstance(value, MUTABLE):
+            values[name] = as_queued(value)  # (a value changed, not a key added)
     return params, tuple(variant), tuple(lookups)
 
 

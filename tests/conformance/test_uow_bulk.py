@@ -107,12 +107,13 @@ async def test_statements_are_bounded_and_the_unit_stays_atomic(
     assert len(statements) == 1 + 2 * 2
     assert max(len(query.parameters) for query in statements) <= 9
 
-    # A delete whose second chunk finds a row gone conflicts, and its first
-    # chunk is rolled back with it.
+    # A delete whose second chunk finds no row for an id fails (an id given
+    # as a str, never read: RowNotFound, as for delete), and its first chunk
+    # is rolled back with it.
     async def gone(uow: af.UnitOfWork) -> None:
         uow.delete_many("items", rows=[*ids[:9], "no-such-row"])
 
-    with pytest.raises(af.ConcurrencyConflict):
+    with pytest.raises(af.RowNotFound):
         await items.run(gone, retry=af.NoRetry())
     assert {qty for qty, _, version in (await _rows(items)).values()} == {5}
     assert await items.count("items") == 10

@@ -3,6 +3,7 @@
     aiofragno demo [--url URL] [--units N] [--concurrency C]
     aiofragno migrate --url URL module:attr [--namespace NS] [--dry-run] [--adopt]
     aiofragno inspect [URL] [--namespace NS]
+    aiofragno typegen module:attr [--output FILE]
     aiofragno outbox tail --url URL [--after VS] [--follow]
     aiofragno outbox consumers --url URL
     aiofragno outbox relay --url URL --to BROKER_URL --subject SUBJECT [--until-caught-up]
@@ -37,6 +38,7 @@ from .outbox.entry import OutboxEntry
 from .outbox.relay import sink_for_url
 from .outbox.tables import CONSUMERS_ID, DEAD_LETTERS_ID
 from .outbox.versionstamp import check_versionstamp
+from .row_types import render_module
 from .schema import Schema
 from .sql import Identifier, sql
 
@@ -249,6 +251,14 @@ async def _schema_versions(db: Database) -> dict[str, str]:
     return {r["k"][: -len(suffix)]: r["v"] for r in rows if r["k"].endswith(suffix)}
 
 
+async def cmd_typegen(args: argparse.Namespace) -> None:
+    source = render_module(load_schema(args.schema))
+    if args.output is None:
+        sys.stdout.write(source)
+    else:
+        await anyio.Path(args.output).write_text(source, encoding="utf-8")
+
+
 async def cmd_bench(args: argparse.Namespace) -> None:
     await run_bench_command(args, args.url or os.environ.get("AIOFRAGNO_URL"))
 
@@ -304,6 +314,12 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--namespace", help="only the tables migrated for this namespace (default: every table)"
     )
+    typegen = commands.add_parser(
+        "typegen", help="write a schema's row types (TypedDicts, for af.Table(..., row=...))"
+    )
+    typegen.set_defaults(handler=cmd_typegen)
+    typegen.add_argument("schema", help="module:attr of an af.Schema")
+    typegen.add_argument("--output", "-o", help="the file to write (default: standard output)")
     outbox = commands.add_parser("outbox", help="read the outbox").add_subparsers(
         dest="outbox_command", required=True
     )

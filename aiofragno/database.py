@@ -8,7 +8,7 @@ import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack, overload
 
 from . import libpq, runtime
 from .backends import choose_backend, create_dialect
@@ -29,7 +29,7 @@ from .naming import Layout, PhysicalNames, resolve_naming
 from .outbox import OutboxReader
 from .ownership import INTERNAL_TABLES
 from .queries import Queries, Read
-from .schema import Schema, TableIdentity, _check_name
+from .schema import Schema, Table, TableIdentity, _check_name
 from .server_sessions import end_server_session_reconnecting
 from .sql import Fragment
 from .streaming import DEFAULT_BATCH_SIZE, Stream, check_batch_size
@@ -43,6 +43,7 @@ from .uow.unit import UnitOfWork, Where
 from .url import ConnectOptions, DatabaseURL, Options, parse_url
 
 T = TypeVar("T")
+RowT = TypeVar("RowT")
 
 
 class Database(Queries):
@@ -190,19 +191,43 @@ class Database(Queries):
             outbox=outbox,
         )
 
-    async def stream_find(
+    @overload
+    def stream_find(  # type: ignore[overload-overlap]
         self,
-        table: str,
+        table: Table[RowT],
         where: Where = None,
         order_by: Any = None,
         *,
         schema: Schema,
         namespace: str | None = None,
         page_size: int = DEFAULT_BATCH_SIZE,
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[RowT]: ...
+
+    @overload
+    def stream_find(
+        self,
+        table: str | Table[Any],
+        where: Where = None,
+        order_by: Any = None,
+        *,
+        schema: Schema,
+        namespace: str | None = None,
+        page_size: int = DEFAULT_BATCH_SIZE,
+    ) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def stream_find(
+        self,
+        table: str | Table[Any],
+        where: Where = None,
+        order_by: Any = None,
+        *,
+        schema: Schema,
+        namespace: str | None = None,
+        page_size: int = DEFAULT_BATCH_SIZE,
+    ) -> AsyncIterator[Any]:
         """``async for row in db.stream_find("orders", where=..., order_by=...,
-        schema=shop)``: every row ``uow.find`` would return, decoded through
-        the schema, read ``page_size`` at a time — each page a unit of work's
+        schema=shop)``: every row ``uow.find`` would return (``table``: its
+        name, or its ``af.Table``), decoded through the schema, read ``page_size`` at a time — each page a unit of work's
         read of its own (keyset-paged: ``find(limit=, after=)``), so no
         connection or transaction is held between pages, and leaving the loop
         at any point leaves nothing open. Pages are not one snapshot: a row
@@ -222,7 +247,7 @@ class Database(Queries):
             if page.cursor is None:
                 if len(page) == page_size and _null_order_value(page[-1], order_by):
                     raise ValidationError(
-                        f"stream_find on {table!r} cannot go past a row whose order_by column is "
+                        f"stream_find on {getattr(table, 'name', table)!r} cannot go past a row whose order_by column is "
                         "NULL (a keyset has no place for NULL); order by columns that are "
                         "never NULL"
                     )
@@ -360,8 +385,13 @@ class Database(Queries):
 
 
 async def _find_page(
-    table: str, where: Where, order_by: Any, limit: int, after: str | None, uow: UnitOfWork
-) -> FindResult:
+    table: str | Table[Any],
+    where: Where,
+    order_by: Any,
+    limit: int,
+    after: str | None,
+    uow: UnitOfWork,
+) -> FindResult[Any]:
     rows = uow.find(table, where, order_by, limit, after)
     await uow.retrieve()
     return rows.result

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from .errors import SchemaError, ValidationError
 from .schema import Schema, Table
@@ -112,7 +112,7 @@ class PhysicalTable:
     """Where one declared table lives: its database schema (None: the default)
     and name, already shortened to the dialect's limit."""
 
-    table: Table
+    table: Table[Any]
     schema: str | None
     name: str
 

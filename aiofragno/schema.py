@@ -24,7 +24,9 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Generic, overload
+
+from typing_extensions import TypeVar
 
 from .codec import LOGICAL_TYPES, check_value
 from .column_types import ArrayType, EnumType, TypeArg
@@ -289,18 +291,44 @@ class Index:
             raise SchemaError(f"index {name!r} names a column twice: {list(self.columns)}")
 
 
-class Table:
+RowT = TypeVar("RowT", default=dict[str, Any])
+Row2 = TypeVar("Row2")
+
+
+class Table(Generic[RowT]):
     """A table: ``Table("accounts", Column(...), Reference(...), Index(...))``.
     ``outbox=False`` keeps its writes out of the outbox: they put nothing in
     an entry's payload, and a unit that writes only such tables writes no
-    entry (see docs/outbox.md, Opting out)."""
+    entry (see docs/outbox.md, Opting out).
 
-    def __init__(self, name: str, *items: Column | Index, outbox: bool = True) -> None:
+    ``row=AccountRow`` (a TypedDict of the row's keys and types, checked
+    here; see :mod:`aiofragno.row_types`) makes it a ``Table[AccountRow]``:
+    finds given the table object return ``AccountRow`` rows to a type
+    checker. Without it, rows are ``dict[str, Any]``."""
+
+    @overload
+    def __init__(
+        self: Table[dict[str, Any]], name: str, *items: Column | Index, outbox: bool = True
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: Table[Row2],
+        name: str,
+        *items: Column | Index,
+        row: type[Row2],
+        outbox: bool = True,
+    ) -> None: ...
+
+    def __init__(
+        self, name: str, *items: Column | Index, row: Any = None, outbox: bool = True
+    ) -> None:
         _check_name("table", name)
         if not isinstance(outbox, bool):
             raise SchemaError(f"outbox= of table {name!r} must be a bool, got {outbox!r}")
         self.name = name
         self.outbox = outbox
+        self.row: type[RowT] | None = row
         self.columns: dict[str, Column] = {}
         self.indexes: dict[str, Index] = {}
         for item in items:
@@ -311,6 +339,10 @@ class Table:
                     raise SchemaError(
                         f"index {index.name!r} of table {name!r} uses unknown column {column!r}"
                     )
+        if row is not None:
+            from .row_types import check_row_type  # (it reads tables: imports this module)
+
+            check_row_type(row, self)
 
     def _add(self, item: Column | Index) -> None:
         where = f"table {self.name!r}"
@@ -351,10 +383,10 @@ class Table:
 class Schema:
     """A named set of tables: ``Schema("shop", Table(...), Table(...))``."""
 
-    def __init__(self, name: str, *tables: Table) -> None:
+    def __init__(self, name: str, *tables: Table[Any]) -> None:
         _check_name("schema", name)
         self.name = name
-        self.tables: dict[str, Table] = {}
+        self.tables: dict[str, Table[Any]] = {}
         for table in tables:
             if not isinstance(table, Table):
                 raise SchemaError(f"schema {name!r}: expected Table, got {table!r}")
@@ -368,7 +400,7 @@ class Schema:
                         f"{column.to_table!r} (schema {name!r} has: {', '.join(self.tables)})"
                     )
 
-    def table(self, name: str) -> Table:
+    def table(self, name: str) -> Table[Any]:
         try:
             return self.tables[name]
         except KeyError:
@@ -383,13 +415,13 @@ class Schema:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def tables_in_dependency_order(schema: Schema) -> Iterable[Table]:
+def tables_in_dependency_order(schema: Schema) -> Iterable[Table[Any]]:
     """Referenced tables before the tables that reference them (cycles: in
     declaration order; their foreign keys are added after the tables)."""
     done: set[str] = set()
-    order: list[Table] = []
+    order: list[Table[Any]] = []
 
-    def visit(table: Table, path: tuple[str, ...]) -> None:
+    def visit(table: Table[Any], path: tuple[str, ...]) -> None:
         if table.name in done or table.name in path:
             return
         for column in table.columns.values():

@@ -20,10 +20,11 @@ import aiofragno
 
 # README-style use: must type-check under --strict, with these types.
 GOOD = """
+import decimal
 import enum
 import ssl
 from pathlib import Path
-from typing import Any, assert_type
+from typing import Any, Literal, TypedDict, assert_type
 
 import aiofragno as af
 from aiofragno.naming import NamingStrategy
@@ -118,10 +119,76 @@ def declaring() -> af.Schema:
         af.Column("codes", af.array(af.enum("x")), nullable=True),
         af.Column("ratio", "float"),
     ))
+
+
+class AccountRow(TypedDict):
+    id: af.RowId
+    owner: str
+    balance: int
+    kind: Literal["a", "b"] | None
+
+
+class TransferRow(TypedDict):
+    id: af.RowId
+    src: af.RowId
+    amount: decimal.Decimal
+
+
+class TransferWithSource(TransferRow):
+    source: AccountRow
+
+
+class AccountWithTransfers(AccountRow):
+    transfers: list[TransferWithSource]
+
+
+typed_accounts = af.Table(
+    "accounts",
+    af.Column("owner", "string"),
+    af.Column("balance", "bigint"),
+    af.Column("kind", af.enum("a", "b"), nullable=True),
+    row=AccountRow,
+)
+typed_transfers = af.Table(
+    "transfers", af.Reference("src", "accounts"), af.Column("amount", "decimal"), row=TransferRow
+)
+typed_shop = af.Schema("shop", typed_accounts, typed_transfers)
+assert_type(typed_accounts, af.Table[AccountRow])
+plain: af.Table = af.Table("plain", af.Column("n", "integer"))
+assert_type(plain, af.Table[dict[str, Any]])
+
+
+async def typed_rows(db: af.Database, uow: af.UnitOfWork) -> None:
+    page = uow.find(typed_accounts, where={"owner": "alice"}, limit=10)
+    first = uow.find_first(typed_accounts, order_by="owner")
+    picked = uow.find(typed_accounts, select=["owner"])
+    by_name = uow.find("accounts")
+    tree = uow.find(
+        typed_accounts,
+        join={"transfers": af.many(typed_transfers, by="src", join={"source": af.one("src")})},
+        row=AccountWithTransfers,
+    )
+    await uow.retrieve()
+    assert_type(page, af.Find[AccountRow])
+    assert_type(page.result, af.FindResult[AccountRow])
+    assert_type(page.result[0]["balance"], int)
+    assert_type(page.result[0]["kind"], Literal["a", "b"] | None)
+    assert_type(first.result, AccountRow | None)
+    assert_type(picked.result, af.FindResult)
+    assert_type(by_name.result[0], dict[str, Any])
+    assert_type(tree.result[0]["transfers"][0]["amount"], decimal.Decimal)
+    assert_type(tree.result[0]["transfers"][0]["source"]["owner"], str)
+    uow.update(typed_accounts, page.result[0]["id"], {"balance": 1}, check=True)
+    uow.create(typed_transfers, {"src": page.result[0]["id"], "amount": 1})
+    uow.delete_many(typed_transfers, af.c.amount < 0)
+    async for row in db.stream_find(typed_accounts, schema=typed_shop):
+        assert_type(row, AccountRow)
 """
 
 # Each marked line must be an error containing the marker's text.
 BAD = """
+from typing import TypedDict
+
 import aiofragno as af
 
 
@@ -164,6 +231,24 @@ async def relaying(db: af.Database) -> None:
     af.enum(1)  # E: Argument 1 to "enum" has incompatible type "int"
     af.array(5)  # E: Argument 1 to "array" has incompatible type "int"
     await db.outbox.relay(af.RedisSink(key="k"), after=1)  # E: "after" to "relay" of "OutboxReader" has incompatible type "int"
+
+
+class Row(TypedDict):
+    id: af.RowId
+    balance: int
+
+
+typed = af.Table("accounts", af.Column("balance", "bigint"), row=Row)
+
+
+async def typed_reads(uow: af.UnitOfWork) -> None:
+    page = uow.find(typed)
+    first = uow.find_first(typed)
+    await uow.retrieve()
+    page.result[0]["owner"]  # E: TypedDict "Row" has no key "owner"
+    page.result[0]["balance"].upper()  # E: "int" has no attribute "upper"
+    first.result["balance"]  # E: Value of type "Row | None" is not indexable
+    uow.find(typed, row=Row)  # E: No overload variant of "find" of "UnitOfWork"
 """
 
 MARK = re.compile(r"#\s*E:\s*(.+)$")

@@ -7,7 +7,7 @@ from .bulk import ALL, BulkWrite
 from .executor import UowHooks, execute_uow
 from .expr import Col, Expr, c
 from .joins import Many, One, many, one
-from .ops import FindResult
+from .ops import Find, FindFirst, FindResult
 from .retry import ExponentialBackoff, NoRetry, RetryPolicy
 from .unit import UnitOfWork
 from .upsert import Upserted
@@ -20,6 +20,8 @@ __all__ = [
     "Col",
     "ExponentialBackoff",
     "Expr",
+    "Find",
+    "FindFirst",
     "FindResult",
     "Many",
     "NoRetry",

@@ -20,6 +20,7 @@ from ..schema import (
     Column,
     Reference,
     RowId,
+    Table,
     TableIdentity,
 )
 
@@ -211,6 +212,8 @@ class Catalog:
         self.codec = codec
         self.adapter = adapter
         self.sql_cache: dict[Any, str] = {}
+        # (row type, table, join tree shape) already checked (see joins.check_tree_row)
+        self.checked_row_types: set[Any] = set()
         self._tables: dict[str, TableInfo] = {}
         # Shared by the Database's catalogs: one identity per physical table.
         self._identities = identities
@@ -230,10 +233,29 @@ class Catalog:
         quote = self.compiler.quote_identifier
         return ".".join(quote(part) for part in self.layout.table(table).identifier.parts)
 
-    def table(self, name: str) -> TableInfo:
-        if type(name) is not str and not isinstance(name, str):
-            raise ValidationError(f"table names are str, got {type(name).__name__}")
+    def table(self, name: str | Table[Any]) -> TableInfo:
+        """The layout's table named ``name``, or given as its ``af.Table``."""
+        if type(name) is not str:
+            if isinstance(name, Table):
+                return self._declared(name)
+            if not isinstance(name, str):
+                raise ValidationError(
+                    f"a table is its name (str) or its af.Table, got {type(name).__name__}"
+                )
         info = self._tables.get(name)
         if info is None:
             info = self._tables[name] = TableInfo(self, name)
+        return info
+
+    def _declared(self, table: Table[Any]) -> TableInfo:
+        """``table``'s info, if ``table`` is the schema's table of its name
+        (or declares the same): a table of another schema would be read
+        through a declaration that is not its own."""
+        info = self.table(table.name)
+        if info.table is not table and info.table.describe() != table.describe():
+            raise ValidationError(
+                f"the af.Table {table.name!r} given is not the table of that name in the unit's "
+                "schema (a table of another schema, or declared differently): pass the "
+                "schema's own table, or its name"
+            )
         return info

@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, get_args, get_origin
 
 from ..brief import brief
 from ..driver import CompiledQuery
-from ..errors import ValidationError
+from ..errors import SchemaError, ValidationError
+from ..row_types import JoinCheck, check_row_type, members
+from ..schema import Table
 from .catalog import ALIAS, Catalog, TableInfo
 from .compiling import Compiling
 from .expr import Expr, where_expr
@@ -66,7 +68,7 @@ class Many:
 
     def __init__(
         self,
-        table: str,
+        table: str | Table[Any],
         by: str,
         where: Expr | Mapping[str, Any] | None,
         order_by: Any,
@@ -94,7 +96,7 @@ def one(
 
 
 def many(
-    table: str,
+    table: str | Table[Any],
     *,
     by: str,
     where: Expr | Mapping[str, Any] | None = None,
@@ -415,7 +417,7 @@ def _tree_where(
     return _both(where_expr(where), condition), nodes
 
 
-class JoinedFind(_CompiledWhenQueued, Find):
+class JoinedFind(_CompiledWhenQueued, Find[Any]):
     """``uow.find(..., join=...)``: a find whose rows carry their joins."""
 
     def __init__(
@@ -438,7 +440,7 @@ class JoinedFind(_CompiledWhenQueued, Find):
         _attach(self.result, self.joins)
 
 
-class JoinedFindFirst(_CompiledWhenQueued, FindFirst):
+class JoinedFindFirst(_CompiledWhenQueued, FindFirst[Any]):
     """``uow.find_first(..., join=...)``: the first row with its joins."""
 
     def __init__(
@@ -458,6 +460,65 @@ class JoinedFindFirst(_CompiledWhenQueued, FindFirst):
         super().accept(rows)
         row = self.result
         _attach([] if row is None else [row], self.joins)
+
+
+def check_tree_row(catalog: Catalog, table: TableInfo, joins: Joins, row: type[Any] | None) -> None:
+    """Raise :class:`SchemaError` unless ``row`` (if given) is the TypedDict
+    of ``table``'s rows with ``joins`` (already resolved): each ``one`` join
+    a row type of its table (``| None`` where the reference is nullable and
+    the join has no ``where``: the row may be missing), each ``many`` join
+    a ``list`` of one. Checked once per catalog, row type and tree shape."""
+    if row is None:
+        return
+    key = (row, table.name, _tree_shape(joins))
+    if key not in catalog.checked_row_types:
+        _check_row(catalog, table, joins, row)
+        catalog.checked_row_types.add(key)
+
+
+def _tree_shape(joins: Joins) -> Any:
+    return tuple(
+        (name, "one", spec.column, spec.where is None, _tree_shape(spec.join or {}))
+        if isinstance(spec, One)
+        else (name, "many", _table_name(spec.table), spec.by, _tree_shape(spec.join or {}))
+        for name, spec in joins.items()
+    )
+
+
+def _table_name(table: str | Table[Any]) -> str:
+    return table if isinstance(table, str) else table.name
+
+
+def _check_row(
+    catalog: Catalog, table: TableInfo, joins: Joins, row: Any, within: str = ""
+) -> None:
+    checks = {name: _join_check(catalog, table, spec) for name, spec in joins.items()}
+    check_row_type(row, table.table, checks, within)
+
+
+def _join_check(catalog: Catalog, parent: TableInfo, spec: Join) -> JoinCheck:
+    nested = spec.join or {}
+
+    def check_many(where: str, hint: Any) -> None:
+        assert isinstance(spec, Many)
+        target = catalog.table(spec.table)
+        if get_origin(hint) is not list:
+            raise SchemaError(f"{where} is a list of {target.name!r} rows: list[<its row type>]")
+        _check_row(catalog, target, nested, get_args(hint)[0], f"{where}: ")
+
+    def check_one(where: str, hint: Any) -> None:
+        assert isinstance(spec, One)
+        reference = parent.columns[spec.column]
+        assert reference.target is not None and reference.column is not None
+        hints = members(hint)
+        rows = [member for member in hints if member is not type(None)]
+        may_be_none = reference.column.nullable and spec.where is None
+        if len(rows) != 1 or (may_be_none and len(hints) == 1):
+            shape = "<its row type> | None" if may_be_none else "<its row type> (| None)"
+            raise SchemaError(f"{where} is a row of {reference.target!r}: {shape}")
+        _check_row(catalog, catalog.table(reference.target), nested, rows[0], f"{where}: ")
+
+    return check_many if isinstance(spec, Many) else check_one
 
 
 def join_reads(op: JoinedFind | JoinedFindFirst) -> list[JoinRead]:

@@ -17,7 +17,9 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
-from typing import Any, Generic, Literal, NoReturn, TypeVar
+from typing import Any, Generic, Literal, NoReturn
+
+from typing_extensions import TypeVar
 
 from .. import tagged_json
 from ..brief import brief
@@ -36,6 +38,9 @@ class _Missing(Enum):
 
 
 ResultT = TypeVar("ResultT", covariant=True)
+# A row as the type checker sees it: dict[str, Any], or a table's row type
+# (see aiofragno.row_types). At run time, always a dict.
+RowT = TypeVar("RowT", default=dict[str, Any])
 
 
 def compile_cached(
@@ -134,7 +139,7 @@ def _refuse(table: TableInfo, name: Any, what: str) -> NoReturn:
     raise AssertionError(name)
 
 
-class FindResult(list[dict[str, Any]]):
+class FindResult(list[RowT]):
     """The rows of a ``find``; ``cursor`` continues after the last one (pass it
     as ``after=``), or is None when there are no more rows."""
 
@@ -367,11 +372,11 @@ class ReadRows(RetrievalOp[ResultT]):
         return CompiledQuery(cached_text(catalog, table, key, self.render), tuple(params))
 
 
-class Find(ReadRows[FindResult]):
+class Find(ReadRows[FindResult[RowT]]):
     """``uow.find(...)``: ``result`` is the page of rows."""
 
     def accept(self, rows: Sequence[Sequence[Any]]) -> None:
-        page = FindResult(map(self.decode, rows))
+        page: FindResult[Any] = FindResult(map(self.decode, rows))
         if self.limit is not None and len(page) > self.limit:
             del page[self.limit :]
             page.cursor = self._cursor_after(page[-1])
@@ -393,7 +398,7 @@ class Find(ReadRows[FindResult]):
         return base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
 
 
-class FindFirst(ReadRows[dict[str, Any] | None]):
+class FindFirst(ReadRows[RowT | None]):
     """``uow.find_first(...)``: ``result`` is the first row, or None."""
 
     def __init__(
@@ -406,7 +411,8 @@ class FindFirst(ReadRows[dict[str, Any] | None]):
         super().__init__(table, where, order_by, None, None, first=True, select=select)
 
     def accept(self, rows: Sequence[Sequence[Any]]) -> None:
-        self._result = self.decode(rows[0]) if rows else None
+        row: Any = self.decode(rows[0]) if rows else None
+        self._result = row
 
     def empty(self) -> None:
         self._result = None

@@ -8,18 +8,21 @@ from typing import Any, TypeVar, overload
 
 from ..driver import CompiledQuery, QueryResult
 from ..errors import ValidationError
-from ..schema import RowId
+from ..schema import RowId, Table
 from .aggregates import Aggregate, AggregateFn
 from .bulk import All, BulkWrite, create_rows, expand, queue_bulk
 from .catalog import Catalog
 from .combine_reads import combine_reads, split_reads
 from .expr import Expr
-from .joins import JoinedFind, JoinedFindFirst, Joins, join_reads
+from .joins import JoinedFind, JoinedFindFirst, Joins, check_tree_row, join_reads
 from .ops import Check, Count, Create, Delete, Find, FindFirst, MutationOp, RetrievalOp, Update
 from .unique import UniqueConflicts, index_for_key, key_values, unique_index
 from .upsert import CheckAbsent, Upsert, Upserted, UpsertRead, checked_upsert, update_columns
 
 Where = Expr | Mapping[str, Any] | None
+TableRef = str | Table[Any]
+"""A table: its name, or its ``af.Table``."""
+RowT = TypeVar("RowT")
 R = TypeVar("R", bound=RetrievalOp[object])
 J = TypeVar("J", JoinedFind, JoinedFindFirst)
 Reader = Callable[[Sequence[CompiledQuery]], Awaitable[list[QueryResult]]]
@@ -60,9 +63,36 @@ class UnitOfWork:
 
     # -- retrieval ---------------------------------------------------------
 
+    @overload
+    def find(  # type: ignore[overload-overlap]
+        self,
+        table: Table[RowT],
+        where: Where = None,
+        order_by: Any = None,
+        limit: int | None = None,
+        after: str | None = None,
+        *,
+        select: None = None,
+        join: None = None,
+    ) -> Find[RowT]: ...
+
+    @overload
     def find(
         self,
-        table: str,
+        table: TableRef,
+        where: Where = None,
+        order_by: Any = None,
+        limit: int | None = None,
+        after: str | None = None,
+        *,
+        join: Joins,
+        row: type[RowT],
+    ) -> Find[RowT]: ...
+
+    @overload
+    def find(
+        self,
+        table: TableRef,
         where: Where = None,
         order_by: Any = None,
         limit: int | None = None,
@@ -70,49 +100,104 @@ class UnitOfWork:
         *,
         select: Sequence[str] | None = None,
         join: Joins | None = None,
-    ) -> Find:
-        """Rows of ``table`` matching ``where``, in ``order_by`` order (a column,
-        ``(column, "asc"|"desc")``, or a list of those; ties broken by creation
-        order). With ``limit``, ``result.cursor`` continues after the page. Order
-        columns that may be NULL give no cursor. With ``select``, each row has
-        only those columns and ``id`` (a RowId with its version), and only
-        they are read and decoded. ``join``: name -> ``af.one(...)`` or
-        ``af.many(...)``, set on each row (see :mod:`aiofragno.uow.joins`);
-        not with ``select``, whose rows might lack the columns a join
-        follows."""
+    ) -> Find[dict[str, Any]]: ...
+
+    def find(
+        self,
+        table: TableRef,
+        where: Where = None,
+        order_by: Any = None,
+        limit: int | None = None,
+        after: str | None = None,
+        *,
+        select: Sequence[str] | None = None,
+        join: Joins | None = None,
+        row: type[Any] | None = None,
+    ) -> Find[Any]:
+        """Rows of ``table`` (its name, or its ``af.Table``) matching
+        ``where``, in ``order_by`` order (a column, ``(column, "asc"|"desc")``,
+        or a list of those; ties broken by creation order). With ``limit``,
+        ``result.cursor`` continues after the page. Order columns that may be
+        NULL give no cursor. With ``select``, each row has only those columns
+        and ``id`` (a RowId with its version), and only they are read and
+        decoded. ``join``: name -> ``af.one(...)`` or ``af.many(...)``, set on
+        each row (see :mod:`aiofragno.uow.joins`); not with ``select``, whose
+        rows might lack the columns a join follows.
+
+        Typed rows: given a table declared with ``row=``, the rows are of
+        that type; with ``join``, ``row=`` names the TypedDict of the joined
+        rows (checked against the tree; see :mod:`aiofragno.row_types`)."""
         info = self._catalog.table(table)
         if join is not None:
             _no_select_with_join(select)
-            return self._queue_tree(
-                JoinedFind(self._catalog, info, where, order_by, limit, after, join)
-            )
+            op = JoinedFind(self._catalog, info, where, order_by, limit, after, join)
+            check_tree_row(self._catalog, info, join, row)
+            return self._queue_tree(op)
+        _no_row_without_join(row)
         return self._queue(Find(info, where, order_by, limit, after, select=select))
 
+    @overload
+    def find_first(  # type: ignore[overload-overlap]
+        self,
+        table: Table[RowT],
+        where: Where = None,
+        order_by: Any = None,
+        *,
+        select: None = None,
+        join: None = None,
+    ) -> FindFirst[RowT]: ...
+
+    @overload
     def find_first(
         self,
-        table: str,
+        table: TableRef,
+        where: Where = None,
+        order_by: Any = None,
+        *,
+        join: Joins,
+        row: type[RowT],
+    ) -> FindFirst[RowT]: ...
+
+    @overload
+    def find_first(
+        self,
+        table: TableRef,
         where: Where = None,
         order_by: Any = None,
         *,
         select: Sequence[str] | None = None,
         join: Joins | None = None,
-    ) -> FindFirst:
-        """The first matching row, or None (``select`` and ``join`` as for
-        :meth:`find`)."""
+    ) -> FindFirst[dict[str, Any]]: ...
+
+    def find_first(
+        self,
+        table: TableRef,
+        where: Where = None,
+        order_by: Any = None,
+        *,
+        select: Sequence[str] | None = None,
+        join: Joins | None = None,
+        row: type[Any] | None = None,
+    ) -> FindFirst[Any]:
+        """The first matching row, or None (``select``, ``join`` and ``row``
+        as for :meth:`find`)."""
         info = self._catalog.table(table)
         if join is not None:
             _no_select_with_join(select)
-            return self._queue_tree(JoinedFindFirst(self._catalog, info, where, order_by, join))
+            op = JoinedFindFirst(self._catalog, info, where, order_by, join)
+            check_tree_row(self._catalog, info, join, row)
+            return self._queue_tree(op)
+        _no_row_without_join(row)
         return self._queue(FindFirst(info, where, order_by, select))
 
-    def count(self, table: str, where: Where = None) -> Count:
+    def count(self, table: TableRef, where: Where = None) -> Count:
         """How many rows match ``where``."""
         return self._queue(Count(self._catalog.table(table), where))
 
     @overload
     def aggregate(
         self,
-        table: str,
+        table: TableRef,
         aggregates: Mapping[str, AggregateFn],
         where: Where = None,
         *,
@@ -122,7 +207,7 @@ class UnitOfWork:
     @overload
     def aggregate(
         self,
-        table: str,
+        table: TableRef,
         aggregates: Mapping[str, AggregateFn],
         where: Where = None,
         *,
@@ -131,7 +216,7 @@ class UnitOfWork:
 
     def aggregate(
         self,
-        table: str,
+        table: TableRef,
         aggregates: Mapping[str, AggregateFn],
         where: Where = None,
         *,
@@ -185,14 +270,19 @@ class UnitOfWork:
 
     # -- mutations ---------------------------------------------------------
 
-    def create(self, table: str, values: Mapping[str, Any]) -> RowId:
+    def create(self, table: TableRef, values: Mapping[str, Any]) -> RowId:
         """Insert a row; returns its new id (usable as a reference in this unit)."""
         op = Create(self._catalog, self._catalog.table(table), values)
         self.mutations.append(op)
         return op.target  # type: ignore[return-value]
 
     def update(
-        self, table: str, row_id: RowId | str, values: Mapping[str, Any], *, check: bool = False
+        self,
+        table: TableRef,
+        row_id: RowId | str,
+        values: Mapping[str, Any],
+        *,
+        check: bool = False,
     ) -> None:
         """Set ``values`` on the row; bumps its version. With ``check=True`` the
         unit conflicts unless the row still has ``row_id.version``."""
@@ -200,11 +290,11 @@ class UnitOfWork:
             Update(self._catalog, self._catalog.table(table), row_id, values, check)
         )
 
-    def delete(self, table: str, row_id: RowId | str, *, check: bool = False) -> None:
+    def delete(self, table: TableRef, row_id: RowId | str, *, check: bool = False) -> None:
         """Delete the row (``check=True``: only at ``row_id.version``)."""
         self.mutations.append(Delete(self._catalog, self._catalog.table(table), row_id, check))
 
-    def create_many(self, table: str, rows: Sequence[Mapping[str, Any]]) -> list[RowId]:
+    def create_many(self, table: TableRef, rows: Sequence[Mapping[str, Any]]) -> list[RowId]:
         """Insert ``rows`` (each checked like :meth:`create`) with multi-row
         INSERTs of bounded size; returns their new ids, in order."""
         ops, ids = create_rows(self._catalog, self._catalog.table(table), rows)
@@ -213,7 +303,7 @@ class UnitOfWork:
 
     def update_many(
         self,
-        table: str,
+        table: TableRef,
         where: Where | All = None,
         values: Mapping[str, Any] | None = None,
         *,
@@ -227,12 +317,14 @@ class UnitOfWork:
         changed, or (``where``) another row now matches. See
         docs/units-of-work.md, "Bulk writes"."""
         if values is None:
-            raise ValidationError(f"update_many on {table!r} needs values= (the columns to set)")
+            raise ValidationError(
+                f"update_many on {_name(table)!r} needs values= (the columns to set)"
+            )
         return self._bulk(table, where, rows, values, check)
 
     def delete_many(
         self,
-        table: str,
+        table: TableRef,
         where: Where | All = None,
         *,
         rows: Sequence[Any] | None = None,
@@ -243,7 +335,7 @@ class UnitOfWork:
         :meth:`update_many`."""
         return self._bulk(table, where, rows, None, check)
 
-    def _bulk(self, table: str, where: Any, rows: Any, values: Any, check: Any) -> BulkWrite:
+    def _bulk(self, table: TableRef, where: Any, rows: Any, values: Any, check: Any) -> BulkWrite:
         write, ops, read = queue_bulk(
             self._catalog, self._catalog.table(table), where, rows, values, check
         )
@@ -261,13 +353,13 @@ class UnitOfWork:
             self.mutations = expand(self.mutations)
             self._pending_bulk = False
 
-    def check(self, table: str, row_id: RowId) -> None:
+    def check(self, table: TableRef, row_id: RowId) -> None:
         """Conflict unless the row still exists at ``row_id.version``."""
         self.mutations.append(Check(self._catalog, self._catalog.table(table), row_id))
 
     def upsert(
         self,
-        table: str,
+        table: TableRef,
         values: Mapping[str, Any],
         *,
         on: str | Sequence[str],
@@ -302,7 +394,7 @@ class UnitOfWork:
             self.mutations += checked_upsert(self._catalog, create, index, columns, check, handle)
         return handle
 
-    def check_absent(self, table: str, where: Mapping[str, Any]) -> None:
+    def check_absent(self, table: TableRef, where: Mapping[str, Any]) -> None:
         """Conflict unless no row holds the unique key ``where`` (a dict of
         the columns of one unique index) when the writes run. A unique
         violation of that index in this unit (a row with the key created
@@ -313,7 +405,7 @@ class UnitOfWork:
         self.mutations.append(CheckAbsent(self._catalog, info, index, key))
         self.unique_conflicts.add(info, index)
 
-    def conflict_on_unique(self, table: str, *indexes: str) -> None:
+    def conflict_on_unique(self, table: TableRef, *indexes: str) -> None:
         """Count a violation of these unique indexes of ``table`` in this
         unit as a conflict — the unit runs again under the retry policy, and
         can then read the row that got there first — instead of raising
@@ -340,9 +432,21 @@ class UnitOfWork:
         return self._queue(op)
 
 
+def _no_row_without_join(row: type[Any] | None) -> None:
+    if row is not None:
+        raise ValidationError(
+            "row= names the row type of a find with join=; without joins, declare the "
+            "table with af.Table(..., row=...) and pass the table object"
+        )
+
+
 def _no_select_with_join(select: Sequence[str] | None) -> None:
     if select is not None:
         raise ValidationError(
             "a find with join= reads whole rows: leave out select= (a join follows "
             "columns that select= could leave out)"
         )
+
+
+def _name(table: TableRef) -> str:
+    return table if isinstance(table, str) else table.name

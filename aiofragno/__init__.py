@@ -41,6 +41,7 @@ from .errors import (
     WouldDeadlock,
     WrongEventLoop,
 )
+from .hosts import HostStatus
 from .migrate import MigrationResult
 from .outbox import (
     BrokerSink,
@@ -108,6 +109,7 @@ __all__ = [
     "FindResult",
     "ForeignKeyViolation",
     "Fragment",
+    "HostStatus",
     "Identifier",
     "Index",
     "IntegrityError",

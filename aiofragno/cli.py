@@ -232,8 +232,26 @@ async def doctor(db: Database) -> None:
         "max_lifetime": options.max_lifetime,
         "max_idle": options.max_idle,
     }
+    report["servers"], warnings = await _servers(db)
+    if warnings:
+        report["warnings"] = warnings
     report["schema_versions"] = await _schema_versions(db)
     print(json.dumps(report, indent=2, default=str))
+
+
+async def _servers(db: Database) -> tuple[list[str], list[str]]:
+    """Each server's role, timeline and replay lag (PostgreSQL), and what
+    in them needs attention: a URL whose only server refuses writes, a
+    fenced stale primary, a server that does not answer."""
+    servers = await db.servers()
+    warnings = [f"{server.describe()}" for server in servers if server.error or server.fenced]
+    writable = [s for s in servers if s.error is None and not s.read_only and not s.fenced]
+    if servers and not writable:
+        warnings.append(
+            "no server of the URL accepts writes (standbys or read-only): writes fail with "
+            "ReadOnlyDatabase; point the URL at the primary"
+        )
+    return [server.describe() for server in servers], warnings
 
 
 async def _schema_versions(db: Database) -> dict[str, str]:

@@ -21,6 +21,7 @@ from .driver import (
 )
 from .engine import Engine, check_isolation
 from .errors import Error, ValidationError
+from .hosts import HostStatus
 from .introspection import LiveSchema, inspect_database
 from .migrate import Ddl, MigrationResult
 from .migrate import migrate as run_migration
@@ -356,6 +357,16 @@ class Database(Queries):
             except Error:
                 pass
         return False
+
+    async def servers(self) -> list[HostStatus]:
+        """Each server the URL names (one, or a primary and its standbys),
+        asked afresh on a connection of its own: its role ("primary" or
+        "standby"), whether it refuses writes, its timeline, a standby's
+        replay lag in seconds, whether it is fenced off as a stale primary,
+        or why it could not be asked (:class:`~aiofragno.HostStatus`; its
+        ``describe()`` says it in a line). Each server is given
+        ``connect_timeout``. Empty on SQLite and MySQL."""
+        return await self._engine.servers()
 
     async def close(self) -> None:
         """Close every connection. Idempotent; the Database is unusable after."""

@@ -30,6 +30,9 @@ from .column_types import ArrayType, TypeArg
 from .errors import SchemaError
 
 if TYPE_CHECKING:
+    from .hosts import HostStatus
+
+if TYPE_CHECKING:
     from .sqltext import SqlText
 
 IsolationLevel = Literal["read uncommitted", "read committed", "repeatable read", "serializable"]
@@ -364,6 +367,11 @@ class SqlSnippets:
     # None: a broken connection leaves nothing running (an embedded database).
     session_process: str | None = None
     end_process: str | None = None
+    # Run first in the transaction that looks up whether a lost COMMIT took
+    # effect: its own COMMIT (it takes a row lock) must not wait for a
+    # synchronous standby, which may be what has just gone. None: commits
+    # wait for nothing outside the server.
+    local_commit: str | None = None
     # Run first in a mutation phase at "repeatable read" or "serializable"
     # with the counter's outbox on (not under ticks): it waits for the
     # outbox counter's writers before the transaction takes its snapshot.
@@ -813,6 +821,12 @@ class Driver(Protocol):
 
     async def destroy(self) -> None:
         """Close every connection. Idempotent; acquiring afterwards raises."""
+        ...
+
+    async def servers(self) -> list[HostStatus]:
+        """Each server the URL names, asked afresh what it is (role,
+        timeline, replay lag: :class:`~aiofragno.hosts.HostStatus`); empty
+        where the backend cannot tell (SQLite, MySQL)."""
         ...
 
 

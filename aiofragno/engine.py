@@ -41,6 +41,7 @@ from .errors import (
     QueryCanceled,
     ValidationError,
 )
+from .hosts import HostStatus
 from .outbox.writer import EntryStatements, KeyedStatements, OutboxStatements, TickedStatements
 from .queries import Queries, Read
 from .resilience import Deadline, is_retryable_loss, retry_read_after, shared_deadline
@@ -179,6 +180,12 @@ class Engine(Queries):
             raise
         return connection
 
+    async def servers(self) -> list[HostStatus]:
+        """Each server of the URL, asked afresh what it is (see
+        :meth:`Database.servers <aiofragno.Database.servers>`)."""
+        self.check_open()
+        return await self._driver.servers()
+
     async def close_listener(self, connection: Connection) -> None:
         self._listeners.discard(connection)
         with runtime.shielded(runtime.CLEANUP_TIMEOUT):
@@ -278,11 +285,13 @@ class Engine(Queries):
             return Session(connection, self.dialect.translate_error)
         try:
             connection = await self._driver.acquire_connection()
-        except Error:
-            raise
         except Exception as exc:
             # (The deadline starts at the first failure: the usual checkout,
-            # which succeeds at once, costs no deadline.)
+            # which succeeds at once, costs no deadline.) A backend's own
+            # DatabaseUnavailable (no host of several suits: a failover under
+            # way) is waited out as well; its other errors are final.
+            if isinstance(exc, Error) and not isinstance(exc, DatabaseUnavailable):
+                raise
             connection = await self._reconnect(exc, wait)
         return Session(connection, self.dialect.translate_error)
 
@@ -300,9 +309,9 @@ class Engine(Queries):
                 self.check_open()
                 try:
                     return await self._driver.acquire_connection()
-                except Error:
-                    raise
                 except Exception as exc:
+                    if isinstance(exc, Error) and not isinstance(exc, DatabaseUnavailable):
+                        raise
                     failure = exc
 
     async def release(self, session: Session) -> None:
@@ -337,6 +346,8 @@ class Engine(Queries):
             await self._driver.release_connection(connection, discard=discard)
 
     def _unavailable(self, exc: Exception) -> Error:
+        if isinstance(exc, DatabaseUnavailable):
+            return exc  # (the backend's own, which says what it tried)
         error = self.dialect.translate_error(exc)
         # Failing to connect in time is the server being unavailable, whatever
         # the driver calls it.

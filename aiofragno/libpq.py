@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import replace
+from urllib.parse import urlencode
 
 from .errors import ValidationError
-from .url import DatabaseURL, Options
+from .url import DatabaseURL, Options, parse_url
 
 # Environment variables that set options (PGPASSFILE, read when no password
 # is known, and the other variables asyncpg reads are asyncpg's business).
@@ -40,6 +41,8 @@ def from_environment(url: DatabaseURL, environ: Mapping[str, str]) -> tuple[Data
     ``PGUSER``, ``PGPASSWORD`` and ``PGDATABASE``; and the options that
     :data:`OPTION_VARIABLES` set (for the URL and keywords to override)."""
     env = {name: value for name, value in environ.items() if name.startswith("PG") and value}
+    if url.host is None and "," in env.get("PGHOST", "") + env.get("PGPORT", ""):
+        url = _listed_hosts(url, env)
     url = replace(
         url,
         host=url.host or _host(env),
@@ -58,14 +61,20 @@ def from_environment(url: DatabaseURL, environ: Mapping[str, str]) -> tuple[Data
     return url, options
 
 
+def _listed_hosts(url: DatabaseURL, env: dict[str, str]) -> DatabaseURL:
+    """``url`` with the servers that ``PGHOST`` and ``PGPORT`` list (libpq's
+    comma-separated lists)."""
+    given = {"host": env.get("PGHOST", "localhost"), "port": env.get("PGPORT", "")}
+    try:
+        listed = parse_url(f"postgresql:///?{urlencode(given)}")
+    except ValidationError as exc:
+        shown = ", ".join(f"PG{name.upper()}={value!r}" for name, value in given.items())
+        raise ValidationError(f"environment variables {shown}: {exc}") from None
+    return replace(url, host=listed.host, port=listed.port, hosts=listed.hosts)
+
+
 def _host(env: dict[str, str]) -> str | None:
-    host = env.get("PGHOST")
-    if host is not None and "," in host:
-        raise ValidationError(
-            f"environment variable PGHOST={host!r} names several hosts; aiofragno connects "
-            "to one: name it in PGHOST or in the URL"
-        )
-    return host
+    return env.get("PGHOST")
 
 
 def _port(env: dict[str, str]) -> int | None:

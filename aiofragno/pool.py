@@ -17,10 +17,12 @@ from typing import Any, Literal
 from . import runtime
 from .driver import Connection, DialectAdapter, QueryCompiler
 from .errors import DatabaseClosed, PoolTimeout, WrongEventLoop
+from .hosts import HostStatus
 from .slots import Slots
 from .url import Options
 
 Connector = Callable[[], Awaitable[Connection]]
+ServersProbe = Callable[[], Coroutine[Any, Any, list[HostStatus]]]
 
 
 # An idle connection, when it was opened and when it was last released.
@@ -223,8 +225,9 @@ class PooledDriver:
     """The :class:`~aiofragno.driver.Driver` of every backend: connections come
     from a :class:`Pool`; transactions are run by the connection itself."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, servers: ServersProbe | None = None) -> None:
         self.pool = pool
+        self._servers = servers
         # (The pool's own methods, not one more call of ours around each.)
         self.take_idle_connection: Callable[[], Connection | None] = pool.take_idle
         self.return_idle_connection: Callable[[Connection], bool] = pool.put_back
@@ -252,6 +255,9 @@ class PooledDriver:
     async def destroy(self) -> None:
         await self.pool.close()
 
+    async def servers(self) -> list[HostStatus]:
+        return [] if self._servers is None else await self._servers()
+
 
 @dataclass(frozen=True, slots=True)
 class PooledDialect:
@@ -272,6 +278,8 @@ class PooledDialect:
     # True where a connection belongs to the asyncio loop that opened it
     # (asyncpg's, asyncmy's): the Database is then refused in other loops.
     bound_to_loop: bool = False
+    # Asks each server of the URL what it is (PostgreSQL); None: nothing to tell.
+    servers: ServersProbe | None = None
 
     def create_driver(self) -> PooledDriver:
         options = self.options
@@ -284,7 +292,8 @@ class PooledDialect:
                 max_idle=options.max_idle if self.recycle else None,
                 pre_ping=options.pre_ping,
                 bound_to_loop=self.bound_to_loop,
-            )
+            ),
+            self.servers,
         )
 
     def create_query_compiler(self) -> QueryCompiler:

@@ -50,6 +50,11 @@ class DatabaseURL:
     database: str = ""
     # (Not in the repr: it may hold sslpassword.)
     query: dict[str, str] = field(default_factory=dict, repr=False)
+    hosts: tuple[HostPort, ...] = ()
+    """PostgreSQL: every server of a URL that names several (libpq's
+    ``host1:port1,host2:port2`` or ``host=h1,h2&port=p1,p2``), in order, a
+    port None for the default; empty for a URL of one server, whose host
+    and port are ``host`` and ``port`` (the first of ``hosts`` otherwise)."""
 
     @property
     def is_memory(self) -> bool:
@@ -61,18 +66,29 @@ class DatabaseURL:
         socket file."""
         return self.host if self.host is not None and self.host.startswith("/") else None
 
+    @property
+    def servers(self) -> tuple[HostPort, ...]:
+        """Every server the URL names, in order (one for a single host)."""
+        return self.hosts or ((self.host or "localhost", self.port),)
+
     def describe(self) -> str:
         """The URL without its password, for messages."""
         if self.dialect == "sqlite":
             return f"sqlite:///{self.database}"
         user = f"{self.username}@" if self.username else ""
-        port = f":{self.port}" if self.port else ""
-        host = self.host or "localhost"
-        if self.unix_socket:
-            host = quote(host, safe="")
-        elif ":" in host:
-            host = f"[{host}]"  # IPv6
-        return f"{self.dialect}://{user}{host}{port}/{self.database}"
+        hosts = ",".join(describe_host(host, port) for host, port in self.servers)
+        return f"{self.dialect}://{user}{hosts}/{self.database}"
+
+
+# A server's host name (or socket directory) and port (None: the default).
+HostPort = tuple[str, int | None]
+
+
+def describe_host(host: str, port: int | None) -> str:
+    """``host:port`` as a URL writes it (a socket's path percent-encoded,
+    an IPv6 address in brackets)."""
+    shown = quote(host, safe="") if host.startswith("/") else f"[{host}]" if ":" in host else host
+    return f"{shown}:{port}" if port else shown
 
 
 _EXAMPLES = "e.g. 'sqlite:///app.db', 'postgresql://user@host/db' or 'mysql://user:pw@host/db'"
@@ -147,6 +163,9 @@ def _parse(url: str) -> DatabaseURL:
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     if dialect == "sqlite":
         return _sqlite(url, parts, backend, query)
+    hosts = _host_list(url, dialect, parts, query)
+    if hosts:
+        return _several(url, dialect, backend, parts, query, hosts)
     port = _port(parts)
     if port is not None and not 1 <= port <= 65535:
         raise ValidationError(
@@ -164,6 +183,96 @@ def _parse(url: str) -> DatabaseURL:
         query=query,
     )
     _refuse_nul(url, parsed.username, parsed.password, parsed.host, parsed.database, *query)
+    return parsed
+
+
+def _host_list(
+    url: str, dialect: str, parts: SplitResult, query: dict[str, str]
+) -> tuple[HostPort, ...]:
+    """The servers of a URL that names several (libpq's syntax: a comma
+    between ``host:port`` pairs, or ``host=`` and ``port=`` lists in the
+    query, which override the URL's), taken out of ``query``; empty for a
+    URL of one server."""
+    hostport = parts.netloc.rpartition("@")[2]
+    listed = dialect == "postgresql" and (
+        "," in hostport or "," in query.get("host", "") or "," in query.get("port", "")
+    )
+    if not listed:
+        if "," in hostport:
+            raise ValidationError(
+                f"database URL {redact_url(url)!r} names several hosts: only PostgreSQL "
+                "URLs may (libpq's host1:port1,host2:port2)"
+            )
+        return ()
+    pairs = [_host_port(url, text) for text in hostport.split(",")] if hostport else []
+    names = query.pop("host", "")
+    if names:
+        pairs = [(unquote(name), None) for name in names.split(",")]
+    ports = query.pop("port", "")
+    if ports:
+        numbers = [_port_number(url, text) for text in ports.split(",")]
+        if len(numbers) not in (1, len(pairs) or 1):
+            raise ValidationError(
+                f"database URL {redact_url(url)!r} names {len(pairs)} hosts and "
+                f"{len(numbers)} ports: give one port for all, or one per host"
+            )
+        pairs = pairs or [("localhost", None)] * len(numbers)
+        pairs = [(host, numbers[min(i, len(numbers) - 1)]) for i, (host, _) in enumerate(pairs)]
+    if any(not host for host, _ in pairs):
+        raise ValidationError(f"database URL {redact_url(url)!r} has an empty host in its list")
+    return tuple(pairs)
+
+
+def _host_port(url: str, text: str) -> HostPort:
+    """One ``host[:port]`` of a host list (``[v6]:port``, a percent-encoded
+    socket directory)."""
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValidationError(
+                f"bad host in database URL {redact_url(url)!r} (an IPv6 address goes in "
+                "brackets: [::1]:5432)"
+            )
+        port = rest[1:]
+    else:
+        host, _, port = text.partition(":")
+        host = unquote(host)
+    return host, _port_number(url, port) if port else None
+
+
+def _port_number(url: str, text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ValidationError(
+            f"bad port in database URL {redact_url(url)!r}: expected a number in 1..65535 "
+            f"after each host; {_ENCODE_HINT}"
+        )
+    return int(text)
+
+
+def _several(
+    url: str,
+    dialect: str,
+    backend: str,
+    parts: SplitResult,
+    query: dict[str, str],
+    hosts: tuple[HostPort, ...],
+) -> DatabaseURL:
+    """A URL naming several servers (see :func:`_host_list`)."""
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    parsed = DatabaseURL(
+        dialect,
+        backend or None,
+        username=unquote(user) if at and user else None,
+        password=unquote(password) if colon else None,
+        host=hosts[0][0],
+        port=hosts[0][1],
+        database=unquote(parts.path.lstrip("/")),
+        query=query,
+        hosts=hosts if len(hosts) > 1 else (),
+    )
+    _refuse_nul(url, parsed.username, parsed.password, parsed.database, *query)
+    _refuse_nul(url, *(host for host, _ in hosts))
     return parsed
 
 
@@ -233,6 +342,8 @@ NamingName = Literal["suffix", "schema"]
 SqliteTimestamps = Literal["epoch-ms", "iso-text"]
 NaiveDatetimes = Literal["reject", "utc"]
 OutboxStrategy = Literal["counter", "ticks"]
+SessionAttrs = Literal["any", "read-write", "primary", "standby", "prefer-standby", "read-only"]
+LoadBalance = Literal["disable", "random"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,6 +440,23 @@ class Options:
     server_settings: Mapping[str, str] | None = None
     """PostgreSQL (keyword only): settings for the session, as asyncpg's
     server_settings; they win over the same ones in ``options``."""
+    target_session_attrs: SessionAttrs | None = None
+    """PostgreSQL: which server of the URL's hosts to use, as libpq:
+    "read-write" (accepts writes), "primary" (not in recovery), "standby",
+    "prefer-standby" (a standby if one answers, else any), "read-only" or
+    "any". None: "read-write" when the URL names several hosts, else
+    "any". docs/connecting.md, "Several hosts"."""
+    load_balance_hosts: LoadBalance = "disable"
+    """PostgreSQL: "random" tries the hosts in a random order (the last
+    good one still first); "disable" in the URL's order."""
+    tcp_user_timeout: float | None = 15.0
+    """PostgreSQL over TCP: how long sent data may stay unacknowledged
+    before the connection counts as lost (Linux ``TCP_USER_TIMEOUT``; in
+    seconds, not libpq's milliseconds). None: the system's (minutes)."""
+    keepalives_idle: float | None = 5.0
+    """PostgreSQL over TCP: seconds of silence before TCP keepalive probes
+    (then one a second, five unanswered ones end the connection), so an
+    idle connection to a vanished host is noticed. None: no keepalives."""
     charset: str = "utf8mb4"
     """MySQL: the connection's character set. aiofragno writes text as
     utf8mb4 and runs ``SET NAMES utf8mb4``, so "utf8mb4" is the only one
@@ -374,6 +502,16 @@ class Options:
                 raise ValidationError(f"{spec.name} must be a positive number, got {value!r}")
         _check_choice("sqlite_timestamps", self.sqlite_timestamps, get_args(SqliteTimestamps))
         _check_choice("naive_datetimes", self.naive_datetimes, get_args(NaiveDatetimes))
+        if self.target_session_attrs is not None:
+            _check_choice("target_session_attrs", self.target_session_attrs, get_args(SessionAttrs))
+        _check_choice("load_balance_hosts", self.load_balance_hosts, get_args(LoadBalance))
+        for name in ("tcp_user_timeout", "keepalives_idle"):
+            seconds = getattr(self, name)
+            if seconds is not None and seconds > 3600:
+                raise ValidationError(
+                    f"{name}={seconds!r} is more than an hour: aiofragno takes seconds "
+                    "(libpq's tcp_user_timeout is in milliseconds: divide by 1000)"
+                )
         if not isinstance(self.pre_ping, bool):
             raise ValidationError(f"pre_ping must be a bool, got {self.pre_ping!r}")
         if not isinstance(self.outbox, bool) and self.outbox not in get_args(OutboxStrategy):
@@ -424,6 +562,10 @@ _DIALECT_OPTIONS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys((*TLS_MODE_OPTIONS, *TLS_FILE_OPTIONS, "application_name"), _SERVERS),
     "options": ("postgresql",),
     "server_settings": ("postgresql",),
+    **dict.fromkeys(
+        ("target_session_attrs", "load_balance_hosts", "tcp_user_timeout", "keepalives_idle"),
+        ("postgresql",),
+    ),
     "charset": ("mysql",),
 }
 
@@ -520,6 +662,10 @@ class ConnectOptions(TypedDict, total=False):
     application_name: str
     options: str | None
     server_settings: Mapping[str, str] | None
+    target_session_attrs: SessionAttrs | None
+    load_balance_hosts: LoadBalance
+    tcp_user_timeout: float | None
+    keepalives_idle: float | None
     charset: str
     # ALIASES: MySQL's and PyMySQL's spellings.
     ssl_mode: str | None

@@ -1011,7 +1011,7 @@ def test_empty_variables_count_as_unset() -> None:
         ("PGSSLMODE", "sometimes", "verify-full"),
         ("PGPORT", "54x", "port"),
         ("PGPORT", "70000", "port"),
-        ("PGHOST", "db1,db2", "several hosts"),
+        ("PGHOST", "db1,,db2", "empty host"),
         ("PGCONNECT_TIMEOUT", "0", "positive"),
         ("PGOPTIONS", "-B 10", "-c name=value"),
     ],

@@ -58,7 +58,7 @@ from ..driver import (
     StopWhen,
 )
 from ..errors import ConnectionLost, DatabaseClosed
-from ..pool import Connector, Pool, PooledDialect, PooledDriver
+from ..pool import Connector, Pool, PooledDialect, PooledDriver, ServersProbe
 
 T = TypeVar("T")
 Factory = Callable[[], Coroutine[Any, Any, T]]
@@ -419,8 +419,10 @@ class BridgedDriver(PooledDriver):
     """The pooled driver whose connections live on ``bridge``; destroying it
     also stops the bridge's thread."""
 
-    def __init__(self, pool: Pool, bridge: AsyncioLoopThread) -> None:
-        super().__init__(pool)
+    def __init__(
+        self, pool: Pool, bridge: AsyncioLoopThread, servers: ServersProbe | None = None
+    ) -> None:
+        super().__init__(pool, servers)
         self.bridge = bridge
 
     async def destroy(self) -> None:
@@ -441,10 +443,15 @@ class BridgedDialect:
         bridge = AsyncioLoopThread()
         # The connections live in the bridge's loop, which outlasts the caller's
         # trio runs: the pool may be used from any of them.
+        servers = self.inner.servers
         pooled = replace(
-            self.inner, connect=partial(bridge.connect, self.inner.connect), bound_to_loop=False
+            self.inner,
+            connect=partial(bridge.connect, self.inner.connect),
+            bound_to_loop=False,
+            servers=None if servers is None else partial(bridge.run, servers),
         )
-        return BridgedDriver(pooled.create_driver().pool, bridge)
+        driver = pooled.create_driver()
+        return BridgedDriver(driver.pool, bridge, pooled.servers)
 
     def create_query_compiler(self) -> QueryCompiler:
         return self.inner.create_query_compiler()

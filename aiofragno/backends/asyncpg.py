@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import socket
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
@@ -26,14 +28,18 @@ from ..driver import (
 from ..errors import (
     ConnectionLost,
     DatabaseUnavailable,
+    Error,
     ErrorTable,
     ProgrammingError,
     QueryCanceled,
+    ReadOnlyDatabase,
+    TLSError,
     ValidationError,
 )
+from ..hosts import Hosts, HostStatus, ServerRole, accepts
 from ..libpq import server_settings
 from ..pool import PooledDialect
-from ..url import DatabaseURL, Options
+from ..url import DatabaseURL, HostPort, Options, SessionAttrs, describe_host
 
 ERRORS = ErrorTable(
     codes=postgresql.CODES,
@@ -134,8 +140,35 @@ class StatementKinds:
             known.popitem(last=False)
 
 
+class Origin:
+    """The server a connection was opened to: the host's state among the
+    URL's (:class:`~aiofragno.hosts.Hosts`), and whether it still answers
+    a new connection (``answers``, bounded by connect_timeout)."""
+
+    __slots__ = ("answers", "hosts", "server", "state")
+
+    def __init__(
+        self, hosts: Hosts, server: HostPort, answers: Callable[[], Awaitable[bool]]
+    ) -> None:
+        self.hosts = hosts
+        self.server = server
+        self.state = hosts.states[server]
+        self.answers = answers
+
+    def describe(self) -> str:
+        return describe_host(*self.server)
+
+
 class AsyncpgConnection:
-    __slots__ = ("_kinds", "_raw", "_timeout", "server_session")
+    __slots__ = (
+        "_closing",
+        "_generation",
+        "_kinds",
+        "_origin",
+        "_raw",
+        "_timeout",
+        "server_session",
+    )
 
     def __init__(
         self,
@@ -143,15 +176,43 @@ class AsyncpgConnection:
         timeout: float | None,
         server_session: str,
         kinds: StatementKinds,
+        origin: Origin,
     ) -> None:
         self._raw = raw
         self._timeout = timeout
         self.server_session = server_session
         self._kinds = kinds
+        self._origin = origin
+        self._generation = origin.state.generation
+        self._closing = False
+        raw.add_termination_listener(self._terminated)
+
+    def _terminated(self, _raw: object) -> None:
+        # (asyncpg calls this when the connection ends: closed by us, or
+        # lost. A loss makes the other connections to that host suspect.)
+        if not self._closing:
+            self._origin.hosts.lost(self._origin.server)
 
     @property
     def is_closed(self) -> bool:
-        return self._raw.is_closed()
+        # Also when another connection to the same host was lost since this
+        # one was opened: the pool then replaces it rather than hand it out.
+        return self._raw.is_closed() or self._generation != self._origin.state.generation
+
+    async def _timed_out(self, error: TimeoutError) -> Exception:
+        """What a statement that got no reply within command_timeout raises:
+        :class:`ConnectionLost` when its server does not accept a new
+        connection within connect_timeout either (a host gone silent: no
+        RST, no FIN), else the timeout itself (a slow statement)."""
+        if await self._origin.answers():
+            return error
+        self._origin.hosts.lost(self._origin.server)
+        self._raw.terminate()
+        return ConnectionLost(
+            f"no reply within command_timeout={self._timeout}s, and "
+            f"{self._origin.describe()} does not accept a new connection within "
+            "connect_timeout either: the connection counts as lost"
+        )
 
     @property
     def in_transaction(self) -> bool:
@@ -165,12 +226,15 @@ class AsyncpgConnection:
         # sees): see StatementKinds.
         sql, parameters = query
         returns_rows = self._kinds.get(sql)
-        if returns_rows is None:
-            return await self._first_run(sql, parameters)
-        if returns_rows:
-            records = await self._raw.fetch(sql, *parameters, timeout=self._timeout)
-            return _result(records, len(records))
-        status = await self._raw.execute(sql, *parameters, timeout=self._timeout)
+        try:
+            if returns_rows is None:
+                return await self._first_run(sql, parameters)
+            if returns_rows:
+                records = await self._raw.fetch(sql, *parameters, timeout=self._timeout)
+                return _result(records, len(records))
+            status = await self._raw.execute(sql, *parameters, timeout=self._timeout)
+        except TimeoutError as exc:
+            raise await self._timed_out(exc) from None
         return QueryResult([], _rows_affected(status, 0))
 
     async def _first_run(self, sql: str, parameters: Sequence[Any]) -> QueryResult:
@@ -204,10 +268,19 @@ class AsyncpgConnection:
         return AsyncpgStream(cursor, batch_size, self._timeout)
 
     async def begin(self, isolation: IsolationLevel | None) -> None:
-        await self._raw.execute(postgresql.begin_sql(isolation))
+        await self._control(postgresql.begin_sql(isolation))
 
     async def commit(self) -> None:
-        await self._raw.execute("COMMIT")
+        # (A COMMIT without reply within command_timeout is ambiguous: the
+        # session layer makes it CommitOutcomeUnknown.)
+        await self._control("COMMIT")
+
+    async def _control(self, statement: str) -> None:
+        """BEGIN, COMMIT or ROLLBACK, within command_timeout like any statement."""
+        try:
+            await self._raw.execute(statement, timeout=self._timeout)
+        except TimeoutError as exc:
+            raise await self._timed_out(exc) from None
 
     async def commit_batch(
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
@@ -215,7 +288,7 @@ class AsyncpgConnection:
         return await commit_after(self, queries, stop)
 
     async def rollback(self) -> None:
-        await self._raw.execute("ROLLBACK")
+        await self._control("ROLLBACK")
 
     async def ping(self) -> None:
         await self._raw.execute("SELECT 1")
@@ -242,6 +315,7 @@ class AsyncpgConnection:
         await self._raw.add_listener(channel, notified)
 
     async def close(self) -> None:
+        self._closing = True
         if self._raw.is_closed():
             return
         try:
@@ -297,11 +371,11 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
     # a bad one is a ValidationError before anything is sent.
     settings = server_settings(options)
     tls = tls_.configure(url, options)
-    host, port = url.host or "localhost", url.port or 5432
-    address = url.unix_socket or f"{host}:{port}"
+    attrs = options.target_session_attrs or ("read-write" if url.hosts else "any")
+    hosts = Hosts(url.servers, attrs, load_balance=options.load_balance_hosts == "random")
+    # One server, any role: nothing to choose, so nothing to ask at connect.
+    asks_role = hosts.several or attrs != "any"
     arguments: dict[str, Any] = {
-        "host": host,
-        "port": port,
         "user": url.username or "postgres",
         "database": url.database or None,
         "timeout": options.connect_timeout,
@@ -316,40 +390,213 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         # nobody reads ("Future exception was never retrieved", once per
         # cancelled checkout in a cancellation storm): let it finish (it is
         # bounded by connect_timeout) and close what it opened for nobody.
-        opening = asyncio.ensure_future(open_connection())
+        opening = asyncio.ensure_future(choose() if asks_role else open_first())
         try:
             return await asyncio.shield(opening)
         except asyncio.CancelledError:
             opening.add_done_callback(_close_unwanted)
             raise
 
-    async def open_connection() -> AsyncpgConnection:
+    async def open_raw(server: HostPort) -> asyncpg.Connection:
+        host, port = server
         try:
-            raw = await asyncpg.connect(**arguments)
+            raw: asyncpg.Connection = await asyncpg.connect(
+                host=host, port=port or 5432, **arguments
+            )
         except Exception as exc:
             # asyncpg says only in words that the server answered "no TLS here".
             refused = isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc)
+            address = host if host.startswith("/") else describe_host(host, port or 5432)
             error = tls_.failure(exc, address=address, tls=tls, offers_tls=not refused)
             if error is not None:
                 raise error from exc
             raise
+        _tune_socket(raw, options)
+        return raw
+
+    async def answers(server: HostPort) -> bool:
+        try:
+            raw = await open_raw(server)
+        except Exception:
+            return False
+        raw.terminate()
+        return True
+
+    def wrap(raw: asyncpg.Connection, server: HostPort, session: str) -> AsyncpgConnection:
+        origin = Origin(hosts, server, functools.partial(answers, server))
+        return AsyncpgConnection(raw, options.command_timeout, session, kinds, origin)
+
+    async def open_first() -> AsyncpgConnection:
+        server = hosts.servers[0]
+        raw = await open_raw(server)
         try:
             session = await raw.fetchval(postgresql.SESSION_SQL, timeout=options.connect_timeout)
         except BaseException:
             raw.terminate()
             raise
-        return AsyncpgConnection(raw, options.command_timeout, session, kinds)
+        return wrap(raw, server, session)
+
+    async def choose() -> AsyncpgConnection:
+        """A connection to the first host, in :meth:`Hosts.order`, whose
+        server suits target_session_attrs and is not fenced."""
+        refusals: list[str] = []
+        fallback: tuple[asyncpg.Connection, HostPort, str] | None = None
+        try:
+            for server in hosts.order():
+                try:
+                    raw = await open_raw(server)
+                except TLSError:
+                    raise
+                except Exception as exc:
+                    refusals.append(f"{describe_host(*server)}: {type(exc).__name__}: {exc}")
+                    continue
+                try:
+                    row = await raw.fetchrow(postgresql.ROLE_SQL, timeout=options.connect_timeout)
+                    assert row is not None  # (one row, always)
+                except BaseException as exc:
+                    raw.terminate()
+                    if not isinstance(exc, Exception):
+                        raise
+                    refusals.append(f"{describe_host(*server)}: {type(exc).__name__}: {exc}")
+                    continue
+                role = _role(row)
+                why = _unsuitable(hosts, attrs, role)
+                if why is None:
+                    hosts.good(server)
+                    return wrap(raw, server, row["session"])
+                if attrs == "prefer-standby" and fallback is None and why != _FENCED:
+                    fallback = (raw, server, row["session"])
+                else:
+                    raw.terminate()
+                refusals.append(f"{describe_host(*server)}: {why}")
+            if fallback is not None:
+                chosen, fallback = fallback, None
+                hosts.good(chosen[1])
+                return wrap(*chosen)
+        finally:
+            if fallback is not None:
+                fallback[0].terminate()
+        raise _no_server(url, attrs, refusals)
+
+    async def servers() -> list[HostStatus]:
+        """Each server asked afresh (a connection of its own, closed after)."""
+        return [await status(server) for server in hosts.servers]
+
+    async def status(server: HostPort) -> HostStatus:
+        try:
+            raw = await open_raw(server)
+            try:
+                row = await raw.fetchrow(postgresql.ROLE_SQL, timeout=options.connect_timeout)
+                assert row is not None  # (one row, always)
+            finally:
+                raw.terminate()
+        except Exception as exc:
+            return HostStatus(*server, role=None, error=f"{type(exc).__name__}: {exc}")
+        role = _role(row)
+        lag = row["replay_lag"]
+        return HostStatus(
+            *server,
+            role="standby" if role.standby else "primary",
+            read_only=role.read_only,
+            timeline=role.timeline,
+            replay_lag=None if lag is None else float(lag),
+            fenced=not hosts.fence.admits(role),
+        )
+
+    def translate_here(exc: BaseException) -> Exception:
+        error = translate(exc)
+        if isinstance(error, ReadOnlyDatabase) and hosts.several and attrs in _WRITABLE:
+            # A primary made read-only since we connected (fenced by a
+            # failover tool, or demoted): nothing was written, and another
+            # host may take the work; the connection goes, a new one is chosen.
+            return ConnectionLost(
+                f"{error}; the server turned read-only since this connection was opened: "
+                "choosing another of the URL's hosts",
+                sqlstate=error.sqlstate,
+            )
+        return error
 
     return PooledDialect(
         name="postgresql",
         adapter=postgresql.ADAPTER,
         compiler=postgresql.create_compiler,
-        translate=translate,
+        translate=translate_here,
         connect=connect,
         options=options,
         pool_size=options.pool_size,
         bound_to_loop=True,
+        servers=servers,
     )
+
+
+_WRITABLE = ("read-write", "primary")
+_FENCED = (
+    "a read-write server on an older timeline than this process has seen for the same "
+    "cluster: a stale primary (its standby was promoted since), fenced off"
+)
+
+
+def _role(row: Any) -> ServerRole:
+    return ServerRole(
+        standby=row["standby"],
+        read_only=row["read_only"],
+        system=row["system"],
+        timeline=row["timeline"],
+    )
+
+
+def _unsuitable(hosts: Hosts, attrs: SessionAttrs, role: ServerRole) -> str | None:
+    """Why a server of ``role`` is not used, or None when it is."""
+    if not hosts.fence.admits(role):
+        return _FENCED
+    if accepts(attrs, role):
+        return None
+    kind = "a standby" if role.standby else "read-only" if role.read_only else "a primary"
+    return f"{kind}, not what target_session_attrs={attrs} asks for"
+
+
+def _no_server(url: DatabaseURL, attrs: SessionAttrs, refusals: list[str]) -> Error:
+    """The error when no host gave a suitable connection: ReadOnlyDatabase
+    for a single server that answered but refuses writes (waiting would not
+    change it), else DatabaseUnavailable (retried until reconnect_deadline:
+    a standby may be promoted meanwhile)."""
+    listed = "; ".join(refusals)
+    if not url.hosts and attrs in _WRITABLE and "not what" in listed:
+        return ReadOnlyDatabase(
+            f"{url.describe()} refuses writes ({listed}); point the URL at the primary, or "
+            "list the primary and its standbys (host1:port1,host2:port2) to follow failovers"
+        )
+    return DatabaseUnavailable(
+        f"no server of {url.describe()} is usable with target_session_attrs={attrs}: {listed}"
+    )
+
+
+def _tune_socket(raw: asyncpg.Connection, options: Options) -> None:
+    """TCP keepalives and ``TCP_USER_TIMEOUT`` on a TCP connection (not a
+    Unix socket), so that a host that vanished without a word (no RST) is
+    noticed in seconds, not after the system's minutes of retransmissions."""
+    # (asyncpg keeps its transport private; the socket is the standard one.)
+    transport: asyncio.Transport = raw._transport  # type: ignore[attr-defined]
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    if options.keepalives_idle is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (
+            ("TCP_KEEPIDLE", max(1, round(options.keepalives_idle))),
+            ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+            ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+        ):
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    if options.tcp_user_timeout is not None and hasattr(socket, "TCP_USER_TIMEOUT"):
+        milliseconds = round(options.tcp_user_timeout * 1000)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, milliseconds)
+
+
+# Keepalive probes after keepalives_idle: one a second, five unanswered end it.
+KEEPALIVE_INTERVAL = 1
+KEEPALIVE_COUNT = 5
 
 
 def _tls_arguments(tls: tls_.TLS) -> dict[str, Any]:

@@ -48,6 +48,26 @@ from .common import SessionChanges, decimal_param, isolation_sql, json_param
 SESSION = "CAST(pid AS text) || '@' || CAST(EXTRACT(EPOCH FROM backend_start) AS text)"
 SESSION_SQL = f"SELECT {SESSION} FROM pg_stat_activity WHERE pid = pg_backend_pid()"
 
+# What a server is (aiofragno.hosts.ServerRole), with the session's name, in
+# one round trip at connect. The timeline: a primary's from the WAL file it
+# writes (pg_control_checkpoint's lags a promotion until the next
+# checkpoint), a standby's from its last restart point. The replay lag: 0
+# while a standby has replayed all it received (pg_last_xact_replay_timestamp
+# alone grows while the primary is idle), else the age of the last
+# transaction replayed.
+ROLE_SQL = (
+    f"SELECT ({SESSION_SQL}) AS session, pg_is_in_recovery() AS standby, "
+    "current_setting('transaction_read_only') = 'on' AS read_only, "
+    "(SELECT CAST(system_identifier AS text) FROM pg_control_system()) AS system, "
+    "CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint()) "
+    "ELSE CAST(CAST('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS bit(32)) "
+    "AS int) END AS timeline, "
+    "CASE WHEN NOT pg_is_in_recovery() THEN NULL "
+    "WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 "
+    "ELSE EXTRACT(EPOCH FROM clock_timestamp() - pg_last_xact_replay_timestamp()) END "
+    "AS replay_lag"
+)
+
 # The outbox's "ticks" strategy (aiofragno.outbox.ticks), after PgQ's ticks:
 # each tick records the snapshot it read in; the entries committed since the
 # previous tick's snapshot are those of transactions at or past its xmax or
@@ -187,6 +207,7 @@ ADAPTER = DialectAdapter(
         "jsonpath), '{{}}', TRUE) = CAST({json} AS jsonb)",
         session_process=f"SELECT pid AS process FROM pg_stat_activity WHERE {SESSION} = {{session}}",
         end_process="SELECT pg_terminate_backend({process})",
+        local_commit="SET LOCAL synchronous_commit = local",
         # (The settings table holds the counter row; this mode lets readers and
         # row-share lockers through, and waits for — then holds off — writers.)
         outbox_snapshot_lock='LOCK TABLE "fragno_db_settings" IN SHARE ROW EXCLUSIVE MODE',

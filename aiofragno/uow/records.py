@@ -137,6 +137,8 @@ async def committed(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcome
         await end_server_session(db, lost.server_session, END_SESSION_TIMEOUT)
         try:
             async with db.transaction() as tx:
+                if db.adapter.sql.local_commit is not None:
+                    await tx.execute(db.raw(db.adapter.sql.local_commit))
                 if db.outbox_strategy != "ticks":
                     await tx.fetch(counter_lock(db))
                 record = await find_record(db, tx, uow.uow_id)

@@ -109,10 +109,11 @@ class Fence:
         self._seen[role.system] = max(newest, role.timeline)
         return True
 
-    def is_stale(self, role: ServerRole) -> bool:
-        """:meth:`admits`'s verdict without noting anything."""
-        newest = self._seen.get(role.system or "", -1)
-        return role.timeline is not None and role.timeline < newest and not role.read_only
+    def forget(self) -> None:
+        """Forget every timeline seen: for a process that goes on with new
+        clusters cloned from one data directory (test suites do; real
+        clusters have identifiers of their own)."""
+        self._seen.clear()
 
 
 # Per process, as the guarantee is: a Database opened later (or another

@@ -63,7 +63,7 @@ ROLE_SQL = (
     "ELSE CAST(CAST('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) AS bit(32)) "
     "AS int) END AS timeline, "
     "CASE WHEN NOT pg_is_in_recovery() THEN NULL "
-    "WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 "
+    "WHEN pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn() THEN 0 "
     "ELSE EXTRACT(EPOCH FROM clock_timestamp() - pg_last_xact_replay_timestamp()) END "
     "AS replay_lag"
 )

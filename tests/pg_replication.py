@@ -1,0 +1,261 @@
+"""A PostgreSQL primary and its streaming-replication standby, of a test's
+own, for failover and read-replica tests.
+
+Both are :class:`~tests.servers.PostgresServer` s (spare ports on
+127.0.0.1, temporary directories, the watchdog's cleanup): the primary with
+WAL for a standby, the standby made from the same cluster (a
+hot standby that streams from it). Both start from a copy of one cleanly
+stopped cluster, made with ``initdb`` once per test session: what
+``pg_basebackup -R`` would give, in a tenth of the time. With ``synchronous=True`` the primary
+waits for the standby (``synchronous_standby_names``) at every COMMIT.
+
+::
+
+    pair = ReplicationPair.create_blocking(synchronous=False)
+    url = pair.url()                      # postgresql://postgres@p1,p2/test
+    await pair.primary.stop("crash")      # the primary dies ...
+    await pair.standby.promote()          # ... and its standby takes over
+    pair.close()
+
+Skips (or fails under AIOFRAGNO_REQUIRE_BACKENDS=postgresql) where the
+server binaries are missing: see :func:`replication_pair`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pwd
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio.to_thread
+import pytest
+
+from aiofragno.hosts import FENCE
+from tests.conftest import required_dialects
+from tests.servers import POLL, START_TIMEOUT, PostgresServer, ServerFailed, ServerUnavailable
+
+# The standby's name, as the primary's synchronous_standby_names knows it.
+STANDBY_NAME = "standby1"
+
+
+class PrimaryServer(PostgresServer):
+    """A PostgreSQL server that feeds streaming replicas."""
+
+    kind = "postgresql+primary"
+
+    def __init__(self, *, synchronous: bool) -> None:
+        self.synchronous = synchronous
+        super().__init__()
+
+    def _initialise(self) -> None:
+        copy_template(self)
+
+    def _after_first_start(self) -> None:
+        """Nothing: the database ``test`` came with the template."""
+
+    def _check_installed(self) -> None:
+        super()._check_installed()
+        for tool in ("pg_ctl",):
+            if not (self.bin / tool).is_file():
+                raise ServerUnavailable(
+                    f"{tool} is not in {self.bin}; apt-get install postgresql (a full server)"
+                )
+
+    def _settings(self) -> dict[str, str]:
+        return {
+            **super()._settings(),
+            "wal_level": "replica",
+            "wal_keep_size": "64MB",
+            "hot_standby": "on",
+        }
+
+    def _own(self, path: Path) -> None:
+        """``path`` made the service user's (we may be root)."""
+        if self._run_as is not None:
+            user = pwd.getpwnam(self._run_as)
+            os.chown(path, user.pw_uid, user.pw_gid)
+
+    def query_blocking(self, sql: str) -> str:
+        """``sql``'s result as psql prints it unaligned (``-At``)."""
+        user = pwd.getpwnam(self._run_as) if self._run_as is not None else None
+        done = subprocess.run(
+            [
+                str(self.bin / "psql"),
+                *("-X", "-At", "-w", "-h", "127.0.0.1", "-p", str(self.port)),
+                *("-U", "postgres", "-d", "test", "-c", sql),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT,
+            user=user.pw_uid if user else None,
+            group=user.pw_gid if user else None,
+            extra_groups=[] if user else None,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ServerFailed(f"{sql!r} on {self!r}: {done.stderr.strip()}")
+        return done.stdout.strip()
+
+
+class StandbyServer(PrimaryServer):
+    """A hot standby of ``primary``, streaming from it.
+    Its own settings are a primary's, so that once promoted it serves
+    standbys of its own (the synchronous standby name: only if it had one)."""
+
+    kind = "postgresql+standby"
+
+    def __init__(self, primary: PrimaryServer) -> None:
+        self.primary = primary
+        super().__init__(synchronous=False)
+
+    def _initialise(self) -> None:
+        # A copy of a cleanly stopped cluster is a base backup as good as
+        # pg_basebackup's (the primary starts from the same copy), and a
+        # fraction of its time.
+        copy_template(self)
+        (self.data / "standby.signal").touch()
+        conninfo = (
+            f"host=127.0.0.1 port={self.primary.port} user=postgres application_name={STANDBY_NAME}"
+        )
+        with (self.data / "postgresql.auto.conf").open("a") as conf:
+            conf.write(f"primary_conninfo = '{conninfo}'\n")
+        self._own(self.data / "standby.signal")
+
+    def _ready(self, pid: int) -> bool:
+        # A hot standby's postmaster.pid says "standby" once it accepts
+        # read-only connections; a promoted one "ready".
+        try:
+            lines = (self.data / "postmaster.pid").read_text().splitlines()
+        except OSError:
+            return False
+        return len(lines) >= 8 and lines[0] == str(pid) and lines[7].strip() in ("ready", "standby")
+
+    def promote_blocking(self) -> float:
+        """Promote the standby (``pg_ctl promote``) and return the seconds
+        until it accepted writes."""
+        started = time.monotonic()
+        self._run(
+            [str(self.bin / "pg_ctl"), "promote", "-D", str(self.data), "-w", "-t", "60"],
+            what="pg_ctl promote",
+        )
+        elapsed = time.monotonic() - started
+        self.timings.append(("promote", elapsed))
+        return elapsed
+
+    async def promote(self) -> float:
+        return await anyio.to_thread.run_sync(self.promote_blocking)
+
+
+_templates: list[PrimaryServer] = []
+
+
+def copy_template(server: PrimaryServer) -> None:
+    """``server``'s data directory: a copy (ownership kept) of the session's
+    template cluster — initdb'd, with the database ``test``, stopped cleanly —
+    made on first use and removed when the process exits."""
+    if not _templates:
+        template = TemplateServer()
+        try:
+            template.create_blocking()
+            template.stop_blocking("clean")
+        except BaseException:
+            template.close()
+            raise
+        _templates.append(template)
+        atexit.register(template.close)
+    subprocess.run(["cp", "-a", str(_templates[0].data), str(server.data)], check=True)
+
+
+class TemplateServer(PostgresServer):
+    """The cluster the pairs' servers are copied from (see :func:`copy_template`)."""
+
+    kind = "postgresql+template"
+
+    def _settings(self) -> dict[str, str]:
+        return {**super()._settings(), "wal_level": "replica"}
+
+
+class ReplicationPair:
+    """A primary and its standby, both running, the standby streaming."""
+
+    def __init__(self, primary: PrimaryServer, standby: StandbyServer) -> None:
+        self.primary = primary
+        self.standby = standby
+
+    @classmethod
+    def create_blocking(cls, *, synchronous: bool) -> ReplicationPair:
+        primary = PrimaryServer(synchronous=synchronous)
+        standby: StandbyServer | None = None
+        try:
+            primary.create_blocking()
+            standby = StandbyServer(primary)
+            standby.create_blocking()
+            pair = cls(primary, standby)
+            pair.wait_streaming("async")
+            if synchronous:
+                # (Only now: until the standby streams, every COMMIT — CREATE
+                # DATABASE's too — would wait for it.)
+                primary.query_blocking(
+                    f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'"
+                )
+                primary.query_blocking("SELECT pg_reload_conf()")
+                pair.wait_streaming()
+        except BaseException:
+            for server in (standby, primary):
+                if server is not None:
+                    server.close()
+            raise
+        return pair
+
+    def url(self, *servers: PostgresServer, **query: str) -> str:
+        """A URL naming ``servers`` (default: primary, then standby) in order."""
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in servers or (self.primary, self.standby))
+        params = "&".join(f"{name}={value}" for name, value in query.items())
+        return f"postgresql://postgres@{hosts}/test" + (f"?{params}" if params else "")
+
+    def wait_streaming(self, wanted: str | None = None) -> None:
+        """Until the primary sees the standby streaming, as its synchronous
+        standby if the pair is synchronous (``wanted``: "sync" or "async")."""
+        wanted = wanted or ("sync" if self.primary.synchronous else "async")
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            state = self.primary.query_blocking(
+                f"SELECT state || '/' || sync_state FROM pg_stat_replication "
+                f"WHERE application_name = '{STANDBY_NAME}'"
+            )
+            if state == f"streaming/{wanted}":
+                return
+            if time.monotonic() > deadline:
+                raise ServerFailed(
+                    f"the standby is not streaming ({state!r}) after {START_TIMEOUT}s"
+                )
+            time.sleep(POLL)
+
+    def close(self) -> None:
+        for server in (self.standby, self.primary):
+            with contextlib.suppress(Exception):
+                server.close()
+
+
+def replication_pair(*, synchronous: bool) -> Iterator[ReplicationPair]:
+    """A fixture body: a new pair, closed after; skips where PostgreSQL's
+    server binaries (or pg_basebackup) are missing."""
+    # Every pair is a copy of one template cluster, so all share its system
+    # identifier: the timelines an earlier test's promotion left in the
+    # process's fence would fence this pair's primary off.
+    FENCE.forget()
+    try:
+        pair = ReplicationPair.create_blocking(synchronous=synchronous)
+    except ServerUnavailable as exc:
+        if "postgresql" in required_dialects():
+            pytest.fail(f"{exc}; AIOFRAGNO_REQUIRE_BACKENDS requires postgresql")
+        pytest.skip(str(exc))
+    try:
+        yield pair
+    finally:
+        pair.close()

@@ -1,0 +1,258 @@
+"""Beyond one PostgreSQL server: a primary and its streaming standby of the
+test's own (tests/pg_replication.py), named together in one URL.
+
+* choosing the server: the primary whatever the order, a standby when asked
+  for one, ``ReadOnlyDatabase`` at once for a single standby asked to write;
+  ``Database.servers()`` and ``doctor`` tell each server's role, timeline
+  and replay lag; the sockets get keepalives and ``TCP_USER_TIMEOUT``;
+* synchronous replication with the standby gone: a COMMIT that outlives
+  command_timeout is settled (committed, found by the look-up, which does
+  not itself wait for the standby);
+* failover under load with the outbox on — the primary crashed (async
+  replication, asyncio) or silently black-holed by a proxy (sync
+  replication, trio), the standby promoted: no unit fails, none is applied
+  twice, the first success comes within 2 s of the promotion; then the old
+  primary is back on its old timeline and fenced off.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import redirect_stdout
+from typing import Any
+
+import anyio
+import pytest
+
+import aiofragno as af
+from aiofragno.cli import doctor
+from tests.conftest import Target
+from tests.faults import tcp_proxy
+from tests.pg_replication import ReplicationPair, replication_pair
+
+pytestmark = pytest.mark.anyio
+
+EVENTS = af.Schema("failover", af.Table("events", af.Column("key", "string")))
+WORKERS = 8
+# How long the primary stays gone before the standby is promoted.
+DOWN = 1.0
+# Units keep going this long after the promotion.
+AFTER = 1.0
+
+
+@pytest.fixture
+def postgresql(target: Target) -> Target:
+    if target.dialect != "postgresql":
+        pytest.skip("streaming replication is PostgreSQL's")
+    return target
+
+
+@pytest.fixture(scope="module")
+def sync_pair() -> Iterator[ReplicationPair]:
+    """One synchronous pair for the tests that leave it as they found it."""
+    yield from replication_pair(synchronous=True)
+
+
+async def create(uow: af.UnitOfWork, key: str) -> None:
+    uow.create("events", {"key": key})
+
+
+async def keys(db: af.Database) -> list[str]:
+    async def fn(uow: af.UnitOfWork) -> list[str]:
+        op = uow.find("events")
+        await uow.retrieve()
+        return [row["key"] for row in op.result]
+
+    return await db.execute_uow(fn, schema=EVENTS)
+
+
+async def port_of(db: af.Database) -> int:
+    return int(await db.fetch_value(af.sql("SELECT inet_server_port()")))
+
+
+async def test_the_server_is_chosen_by_its_role(
+    sync_pair: ReplicationPair, postgresql: Target
+) -> None:
+    pair, backend = sync_pair, postgresql.backend
+    primary, standby = pair.primary.port, pair.standby.port
+    # Standby first: read-write (the default with several hosts) passes it by.
+    async with af.connect(pair.url(pair.standby, pair.primary), backend=backend) as db:
+        assert await port_of(db) == primary
+        await db.migrate(EVENTS)
+        await db.execute_uow(lambda uow: create(uow, "chosen"), schema=EVENTS)
+        roles = await _servers_replayed(db, standby)
+        assert (roles[primary].role, roles[standby].role) == ("primary", "standby")
+        assert roles[primary].timeline == roles[standby].timeline == 1
+        assert roles[standby].read_only and roles[standby].replay_lag is not None
+        assert roles[standby].replay_lag >= 0 and not roles[primary].fenced
+        report = io.StringIO()
+        with redirect_stdout(report):
+            await doctor(db)
+        assert f"127.0.0.1:{standby}: standby, timeline 1, replay lag" in report.getvalue()
+    for attrs in ("standby", "prefer-standby", "read-only"):
+        url = pair.url(target_session_attrs=attrs)
+        async with af.connect(url, backend=backend) as db:
+            assert await port_of(db) == standby, attrs
+    # One standby, asked to write: at once, not after the reconnect deadline.
+    started = time.monotonic()
+    with pytest.raises(af.ReadOnlyDatabase, match="refuses writes"):
+        url = pair.url(pair.standby, target_session_attrs="read-write")
+        await af.connect(url, backend=backend, reconnect_deadline=30)
+    async with af.connect(pair.url(pair.standby), backend=backend, reconnect_deadline=30) as db:
+        with pytest.raises(af.ReadOnlyDatabase):
+            await db.execute_uow(lambda uow: create(uow, "refused"), schema=EVENTS)
+        report = io.StringIO()
+        with redirect_stdout(report):
+            await doctor(db)
+        assert "no server of the URL accepts writes" in report.getvalue()
+    assert time.monotonic() - started < 5
+
+
+async def _servers_replayed(db: af.Database, standby: int) -> dict[int, af.HostStatus]:
+    """``db.servers()`` by port, once the standby has replayed what it
+    received (until then its lag is the age of a transaction it has not
+    replayed yet: unknown, None, right after it started)."""
+    with anyio.fail_after(5):
+        while True:
+            roles = {s.port: s for s in await db.servers()}
+            if roles[standby].replay_lag is not None:
+                return roles
+            await anyio.sleep(0.02)
+
+
+async def test_tcp_keepalive_and_user_timeout_are_set(
+    sync_pair: ReplicationPair, postgresql: Target
+) -> None:
+    if postgresql.runtime != "asyncio":
+        pytest.skip("reads the socket of asyncpg's connection in this loop")
+    url = sync_pair.url(tcp_user_timeout="2.5", keepalives_idle="3")
+    async with af.connect(url, backend=postgresql.backend) as db:
+        session = await db._engine.acquire()
+        try:
+            raw: Any = session.connection._raw  # type: ignore[attr-defined]
+            sock = raw._transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 2500
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 3
+        finally:
+            await db._engine.release(session)
+
+
+async def test_a_commit_waiting_for_a_lost_sync_standby_is_settled(
+    sync_pair: ReplicationPair, postgresql: Target
+) -> None:
+    pair = sync_pair
+    async with af.connect(
+        pair.url(pair.primary),
+        backend=postgresql.backend,
+        outbox="counter",  # (its look-up takes a row lock: a transaction id to commit)
+        command_timeout=1,
+        reconnect_deadline=10,
+    ) as db:
+        await db.migrate(EVENTS)
+        await db.execute_uow(lambda uow: create(uow, "before"), schema=EVENTS)
+        await pair.standby.stop("crash")
+        key = f"waited-{uuid.uuid4()}"
+        try:
+            started = time.monotonic()
+            # COMMIT waits for the standby; after command_timeout it is
+            # ambiguous, and the look-up finds the unit committed (locally).
+            await db.execute_uow(lambda uow: create(uow, key), schema=EVENTS)
+            assert time.monotonic() - started < 8
+            assert db.stats.commits_resolved == 1
+            assert (await keys(db)).count(key) == 1
+        finally:
+            await pair.standby.start()
+            await anyio.to_thread.run_sync(pair.wait_streaming)
+
+
+@pytest.fixture
+async def failover_pair(postgresql: Target) -> AsyncIterator[ReplicationPair]:
+    """A pair of its own (the test promotes its standby): asynchronous under
+    asyncio, synchronous under trio."""
+    for pair in replication_pair(synchronous=postgresql.runtime == "trio"):
+        yield pair
+
+
+async def test_failover_under_load(failover_pair: ReplicationPair, postgresql: Target) -> None:
+    pair, backend = failover_pair, postgresql.backend
+    silent = pair.primary.synchronous  # (the trio run: the primary vanishes without a word)
+    async with tcp_proxy("127.0.0.1", pair.primary.port) as proxy:
+        url = f"postgresql://postgres@127.0.0.1:{proxy.port},127.0.0.1:{pair.standby.port}/test"
+        async with af.connect(
+            url,
+            backend=backend,
+            outbox=True,
+            connect_timeout=1,
+            command_timeout=1,
+            reconnect_deadline=30,
+            pool_size=WORKERS,
+        ) as db:
+            await db.migrate(EVENTS)
+            done, promoted = await _load(db, pair, proxy, silent)
+            # (Units did meet the loss, and rode it out.)
+            stats = db.stats
+            assert stats.lost_connection_retries + stats.commits_resolved > 0
+        # Every unit that returned is there once; none is there twice.
+        async with af.connect(pair.url(pair.standby), backend=backend) as new:
+            stored = await keys(new)
+        assert len(stored) == len(set(stored)), "a unit was applied twice"
+        after = [t - promoted for t in done.values() if t > promoted]
+        assert after and min(after) < 2.0, f"first success {min(after, default=None)}s after"
+        missing = set(done) - set(stored)
+        if pair.primary.synchronous:
+            assert not missing
+        # (Asynchronous replication may lose what the crashed primary had
+        # not yet sent: at most the units in flight at the crash.)
+        assert len(missing) <= WORKERS
+        # The old primary comes back on its old timeline: fenced off, even
+        # listed first to a new Database.
+        if silent:
+            proxy.stall(False)
+        else:
+            await pair.primary.start()
+        async with af.connect(url, backend=backend, connect_timeout=1) as db:
+            assert await port_of(db) == pair.standby.port
+            fenced = [s for s in await db.servers() if s.fenced]
+            assert [s.port for s in fenced] == [proxy.port]
+            assert fenced[0].role == "primary" and fenced[0].timeline == 1
+
+
+async def _load(
+    db: af.Database, pair: ReplicationPair, proxy: Any, silent: bool
+) -> tuple[dict[str, float], float]:
+    """WORKERS tasks running units while the primary is lost and the standby
+    promoted; every unit must return. The time each unit's key returned,
+    and when the promotion ended."""
+    done: dict[str, float] = {}
+    counter = itertools.count()
+    promoted = float("inf")
+    stop = anyio.Event()
+
+    async def worker() -> None:
+        while not stop.is_set():
+            key = f"k{next(counter)}"
+            await db.execute_uow(lambda uow, key=key: create(uow, key), schema=EVENTS)
+            done[key] = time.monotonic()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(WORKERS):
+            tg.start_soon(worker)
+        await anyio.sleep(0.5)
+        if silent:
+            proxy.stall(True)
+        else:
+            await pair.primary.stop("crash")
+        await anyio.sleep(DOWN)
+        await pair.standby.promote()
+        promoted = time.monotonic()
+        await anyio.sleep(AFTER)
+        while not any(t > promoted for t in done.values()):
+            await anyio.sleep(0.05)
+        stop.set()
+    return done, promoted

@@ -143,6 +143,10 @@ class Hosts:
         self.fence = FENCE
         self.states = {server: HostState() for server in self.servers}
         self._last_good: HostPort | None = None
+        # Hosts whose connection was lost, until one to them succeeds again:
+        # tried last, so that reconnecting does not wait out connect_timeout
+        # on a host gone silent before trying the others.
+        self._lost: set[HostPort] = set()
 
     @property
     def several(self) -> bool:
@@ -150,17 +154,21 @@ class Hosts:
 
     def order(self) -> list[HostPort]:
         """The hosts to try: the last good one first, the others in the
-        URL's order (``load_balance``: shuffled)."""
+        URL's order (``load_balance``: shuffled), those lost last."""
         rest = [server for server in self.servers if server != self._last_good]
         if self.load_balance:
             random.shuffle(rest)
+        rest.sort(key=lambda server: server in self._lost)  # (stable)
         return rest if self._last_good is None else [self._last_good, *rest]
 
     def good(self, server: HostPort) -> None:
         self._last_good = server
+        self._lost.discard(server)
 
     def lost(self, server: HostPort) -> None:
         """A connection to ``server`` broke without being closed by us."""
         self.states[server].generation += 1
+        if self.several:
+            self._lost.add(server)
         if self._last_good == server:
             self._last_good = None

@@ -175,6 +175,8 @@ class TemplateServer(PostgresServer):
     """The cluster the pairs' servers are copied from (see :func:`copy_template`)."""
 
     kind = "postgresql+template"
+    # 1 MB WAL segments, not 16: less to copy for each server.
+    initdb_options = ("--wal-segsize=1",)
 
     def _settings(self) -> dict[str, str]:
         return {**super()._settings(), "wal_level": "replica"}
@@ -242,20 +244,51 @@ class ReplicationPair:
                 server.close()
 
 
-def replication_pair(*, synchronous: bool) -> Iterator[ReplicationPair]:
-    """A fixture body: a new pair, closed after; skips where PostgreSQL's
-    server binaries (or pg_basebackup) are missing."""
+def new_pair(*, synchronous: bool) -> ReplicationPair:
+    """A new pair (close it after); skips the test where PostgreSQL's server
+    binaries are missing (fails under AIOFRAGNO_REQUIRE_BACKENDS=postgresql)."""
     # Every pair is a copy of one template cluster, so all share its system
     # identifier: the timelines an earlier test's promotion left in the
     # process's fence would fence this pair's primary off.
     FENCE.forget()
     try:
-        pair = ReplicationPair.create_blocking(synchronous=synchronous)
+        return ReplicationPair.create_blocking(synchronous=synchronous)
     except ServerUnavailable as exc:
         if "postgresql" in required_dialects():
             pytest.fail(f"{exc}; AIOFRAGNO_REQUIRE_BACKENDS requires postgresql")
         pytest.skip(str(exc))
+
+
+def replication_pair(*, synchronous: bool) -> Iterator[ReplicationPair]:
+    """A fixture body: :func:`new_pair`, closed after the test."""
+    pair = new_pair(synchronous=synchronous)
     try:
         yield pair
     finally:
         pair.close()
+
+
+class SharedPairs:
+    """Pairs made on first use and kept (for a module-scoped fixture: made
+    only once a test that runs asks, so that skipped tests cost nothing)."""
+
+    def __init__(self) -> None:
+        self._pairs: dict[bool, ReplicationPair] = {}
+
+    def get(self, *, synchronous: bool) -> ReplicationPair:
+        if synchronous not in self._pairs:
+            self._pairs[synchronous] = new_pair(synchronous=synchronous)
+        FENCE.forget()  # (what tests of other pairs saw: see new_pair)
+        return self._pairs[synchronous]
+
+    def take(self, *, synchronous: bool) -> ReplicationPair:
+        """The pair (made now if need be) for the caller to keep — and close:
+        for a test that leaves it changed (a promotion), as the last to use it."""
+        pair = self.get(synchronous=synchronous)
+        del self._pairs[synchronous]
+        return pair
+
+    def close(self) -> None:
+        for pair in self._pairs.values():
+            pair.close()
+        self._pairs.clear()

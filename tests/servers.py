@@ -331,6 +331,8 @@ class PostgresServer(PrivateServer):
         "clean": signal.SIGINT,
         "crash": signal.SIGQUIT,
     }
+    # More initdb options, for a subclass.
+    initdb_options: ClassVar[tuple[str, ...]] = ()
 
     @property
     def url(self) -> str:
@@ -362,6 +364,7 @@ class PostgresServer(PrivateServer):
                 "--locale=C.UTF-8",
                 "--no-sync",
                 "--no-instructions",
+                *self.initdb_options,
             ],
             what="initdb",
         )

@@ -44,7 +44,14 @@ from .errors import (
 from .hosts import HostStatus
 from .outbox.writer import EntryStatements, KeyedStatements, OutboxStatements, TickedStatements
 from .queries import Queries, Read
-from .resilience import Deadline, is_retryable_loss, retry_read_after, shared_deadline
+from .resilience import (
+    FAILOVER_MAX_DELAY,
+    MAX_DELAY,
+    Deadline,
+    is_retryable_loss,
+    retry_read_after,
+    shared_deadline,
+)
 from .session import Session, log_statement, logger
 from .sql import Fragment
 from .stats import Stats
@@ -84,6 +91,10 @@ class Engine(Queries):
         self.outbox_unticked = False
         # Connections open for listening (outside the pool), closed with the engine.
         self._listeners: set[Connection] = set()
+        # The longest wait between attempts while the database is away: with
+        # several servers (a failover under way) it is polled closely.
+        several = len(url.servers) > 1
+        self.reconnect_max_delay = FAILOVER_MAX_DELAY if several else MAX_DELAY
 
     @property
     def name(self) -> str:
@@ -303,6 +314,7 @@ class Engine(Queries):
                 deadline = Deadline(None)
             while True:
                 error = self._unavailable(failure)
+                deadline.max_delay = min(deadline.max_delay, self.reconnect_max_delay)
                 if not isinstance(error, DatabaseUnavailable) or not await deadline.wait():
                     raise error from failure
                 self.stats.reconnect_waits += 1

@@ -25,6 +25,10 @@ T = TypeVar("T")
 
 INITIAL_DELAY = 0.05
 MAX_DELAY = 1.0
+# The longest wait between reconnection attempts to a URL of several
+# servers: a standby is being promoted, and each attempt asks every server
+# once, so the first connection to the new primary comes soon after.
+FAILOVER_MAX_DELAY = 0.25
 
 
 class Deadline:
@@ -40,6 +44,9 @@ class Deadline:
         self.started: float | None = None
         self.delay = INITIAL_DELAY
         self.failures = 0
+        # The longest sleep: lowered (FAILOVER_MAX_DELAY) by a layer that
+        # knows the database fails over.
+        self.max_delay = MAX_DELAY
 
     async def wait(self) -> bool:
         """Sleep before the next attempt; False when the deadline has passed."""
@@ -47,9 +54,10 @@ class Deadline:
         if self.started is None:
             self.started = now
         self.failures += 1
-        if self.seconds is None or now - self.started + self.delay > self.seconds:
+        delay = min(self.delay, self.max_delay)
+        if self.seconds is None or now - self.started + delay > self.seconds:
             return False
-        await runtime.sleep(self.delay)
+        await runtime.sleep(delay)
         self.delay = min(MAX_DELAY, self.delay * 2)
         return True
 

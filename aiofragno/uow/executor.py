@@ -240,6 +240,7 @@ async def execute_uow(
     hooks = hooks or NO_HOOKS
     # One reconnect budget for the whole unit, shared by every retry inside it.
     with shared_deadline(db.options.reconnect_deadline) as lost:
+        lost.max_delay = min(lost.max_delay, db.reconnect_max_delay)
         attempt = 0
         while True:
             attempt += 1

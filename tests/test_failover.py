@@ -11,8 +11,10 @@ test's own (tests/pg_replication.py), named together in one URL.
 * failover under load with the outbox on — the primary crashed (async
   replication, asyncio) or silently black-holed by a proxy (sync
   replication, trio), the standby promoted: no unit fails, none is applied
-  twice, the first success comes within 2 s of the promotion; then the old
-  primary is back on its old timeline and fenced off.
+  twice, the first success comes within 2 s of the promotion, an outbox
+  consumer running meanwhile raises nothing and delivers after the
+  promotion; then the old primary is back on its old timeline and fenced
+  off.
 """
 
 from __future__ import annotations
@@ -251,6 +253,7 @@ async def _load(
     promoted = float("inf")
     stop = anyio.Event()
     succeeded_after = anyio.Event()
+    consumed_after = anyio.Event()  # (the consumer delivered after the promotion)
 
     async def worker() -> None:
         while not stop.is_set():
@@ -260,9 +263,18 @@ async def _load(
             if done[key] > promoted:
                 succeeded_after.set()
 
+    async def consume(entry: af.OutboxEntry) -> None:
+        if time.monotonic() > promoted:
+            consumed_after.set()
+
+    async def consumer() -> None:
+        # (Rides out the failover too: what it raised would end the test.)
+        await db.outbox.consumer("failover").run(consume, stop=stop.is_set, poll_interval=0.05)
+
     async with anyio.create_task_group() as tg:
         for _ in range(WORKERS):
             tg.start_soon(worker)
+        tg.start_soon(consumer)
         await anyio.sleep(0.3)
         if silent:
             proxy.stall(True)
@@ -274,5 +286,6 @@ async def _load(
         await anyio.sleep(AFTER)
         with anyio.fail_after(30):
             await succeeded_after.wait()
+            await consumed_after.wait()
         stop.set()
     return done, promoted

@@ -112,6 +112,10 @@ async def test_the_server_is_chosen_by_its_role(
         url = pair.url(target_session_attrs=attrs)
         async with af.connect(url, backend=backend) as db:
             assert await port_of(db) == standby, attrs
+    # No standby in the list: prefer-standby takes what there is.
+    url = pair.url(pair.primary, pair.primary, target_session_attrs="prefer-standby")
+    async with af.connect(url, backend=backend) as db:
+        assert await port_of(db) == primary
     # One standby, asked to write: at once, not after the reconnect deadline.
     started = time.monotonic()
     with pytest.raises(af.ReadOnlyDatabase, match="refuses writes"):

@@ -411,7 +411,11 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
             if error is not None:
                 raise error from exc
             raise
-        _tune_socket(raw, options)
+        try:
+            _tune_socket(raw, options)
+        except BaseException:
+            raw.terminate()
+            raise
         return raw
 
     async def answers(server: HostPort) -> bool:

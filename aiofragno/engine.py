@@ -316,6 +316,8 @@ class Engine(Queries):
                 error = self._unavailable(failure)
                 deadline.max_delay = min(deadline.max_delay, self.reconnect_max_delay)
                 if not isinstance(error, DatabaseUnavailable) or not await deadline.wait():
+                    if error is failure:  # (the backend's own: no cause to chain)
+                        raise error
                     raise error from failure
                 self.stats.reconnect_waits += 1
                 self.check_open()

@@ -161,6 +161,38 @@ async def test_tcp_keepalive_and_user_timeout_are_set(
             await db._engine.release(session)
 
 
+async def _pids(db: af.Database, n: int) -> set[int]:
+    """The server processes of ``n`` connections used at once."""
+    pids: set[int] = set()
+    together = anyio.Event()
+
+    async def hold() -> None:
+        async with db.transaction() as tx:
+            pids.add(int(await tx.fetch_value(af.sql("SELECT pg_backend_pid()"))))
+            if len(pids) == n:
+                together.set()
+            await together.wait()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(n):
+            tg.start_soon(hold)
+    return pids
+
+
+async def test_idle_connections_go_with_a_lost_one(
+    postgresql: Target, sync_pair: ReplicationPair
+) -> None:
+    url = sync_pair.url(sync_pair.primary)
+    async with af.connect(url, backend=postgresql.backend, pool_size=3) as db:
+        before = await _pids(db, 3)
+        async with af.connect(url, backend=postgresql.backend) as admin:
+            await admin.execute(af.sql("SELECT pg_terminate_backend({p})", p=min(before)))
+        await anyio.sleep(0.1)  # (the client reads the server's goodbye)
+        # The two others were idle and fine, but on a host that just lost a
+        # connection: replaced, not handed out.
+        assert not (await _pids(db, 3)) & before
+
+
 async def test_a_commit_waiting_for_a_lost_sync_standby_is_settled(
     postgresql: Target, sync_pair: ReplicationPair
 ) -> None:

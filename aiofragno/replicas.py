@@ -247,6 +247,7 @@ class ReplicaSet:
         """``query`` on a replica chosen by :meth:`choose`, else on the
         primary; inside a transaction of the primary, in that transaction."""
         primary = self.primary
+        primary.check_open()
         if transaction_stack.get() is not None and current_transaction(primary) is not None:
             return await primary._run(query, read)
         check_read(primary.compile(query))

@@ -70,6 +70,15 @@ class ReplicaPair:
     standby: StandbyServer
     link: Proxy  # between the standby and the primary: delay() lags the standby
 
+    def pids(self) -> dict[str, int]:
+        """Each server's main process (for metering its processes' CPU)."""
+        servers = {"primary": self.primary, "standby": self.standby}
+        return {
+            name: server._process.pid
+            for name, server in servers.items()
+            if server._process is not None
+        }
+
 
 class ReplicaPairs:
     """The module's pair, made at first use (a module whose tests all skip

@@ -164,28 +164,6 @@ async def run_mutations(
             db.outbox_unticked = True
 
 
-async def _commit_mutations(
-    db: Engine,
-    replicas: ReplicaSet | None,
-    held: HeldConnection,
-    uow: UnitOfWork,
-    catalog: Catalog,
-    isolation: IsolationLevel | None,
-    notify: Callable[[CompiledQuery], Any] | None,
-    record_key: str | None,
-    nonce: str,
-    outbox: bool,
-) -> None:
-    """:func:`run_mutations`, with the task's commit position kept for
-    read-your-writes on ``replicas`` (when the Database has them)."""
-    if replicas is None:
-        await run_mutations(db, held, uow, catalog, isolation, notify, record_key, nonce, outbox)
-        return
-    replicas.committing()
-    await run_mutations(db, held, uow, catalog, isolation, notify, record_key, nonce, outbox)
-    await replicas.committed(await held.get())
-
-
 def _writes(ops: Sequence[MutationOp]) -> bool:
     """Whether ``ops`` change anything (checks alone do not)."""
     return any(not op.is_read for op in ops)
@@ -292,18 +270,13 @@ async def execute_uow(
                         return value
                     _check_not_waiting_for_itself(db)
                     await _call(hooks.before_mutation, uow)
-                    await _commit_mutations(
-                        db,
-                        replicas,
-                        held,
-                        uow,
-                        catalog,
-                        isolation,
-                        on_query,
-                        idempotency_key,
-                        nonce,
-                        outbox,
+                    if replicas is not None:
+                        replicas.committing()  # (read-your-writes: aiofragno.replicas)
+                    await run_mutations(
+                        db, held, uow, catalog, isolation, on_query, idempotency_key, nonce, outbox
                     )
+                    if replicas is not None:
+                        await replicas.committed(await held.get())
                 finally:
                     # Released before any backoff sleep below.
                     await held.release()

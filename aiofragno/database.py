@@ -530,18 +530,9 @@ def replica_options(
             f"replicas must be a list of URLs, got {type(urls).__name__} (one replica: "
             "replicas=[url] or replica_url=url)"
         )
-    for name, value, limit in (
-        ("max_replica_lag", max_replica_lag, None),
-        ("replica_wait", replica_wait, 0),
-    ):
-        if value is limit is None:
-            continue
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not 0 <= value < math.inf
-        ):
-            raise ValidationError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    if max_replica_lag is not None:
+        _check_seconds("max_replica_lag", max_replica_lag)
+    _check_seconds("replica_wait", replica_wait)
     if not urls:
         if max_replica_lag is not None:
             raise ValidationError("max_replica_lag needs replicas=[...]")
@@ -550,6 +541,11 @@ def replica_options(
         if not isinstance(text, str):
             raise ValidationError(f"a replica URL must be a str, got {type(text).__name__}")
     return ReplicaOptions(tuple(urls), max_replica_lag, replica_wait)
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise ValidationError(f"{name} must be a number of seconds >= 0, got {value!r}")
 
 
 def connect(

@@ -177,8 +177,10 @@ class ReplicaSet:
         target = await self._target()
         candidates = []
         for replica in self._in_turn():
-            stale = time.monotonic() - replica.sampled_at > LAG_SAMPLE
-            if self.max_lag is not None and stale and not await self._sample(replica):
+            # (Never asked, or back from failing: is it a replica at all?)
+            unchecked = replica.sampled_at == -math.inf
+            stale = self.max_lag is not None and time.monotonic() - replica.sampled_at > LAG_SAMPLE
+            if (unchecked or stale) and not await self._sample(replica):
                 continue
             if self.max_lag is not None and replica.lag > self.max_lag:
                 continue
@@ -240,6 +242,7 @@ class ReplicaSet:
                 exc,
             )
         replica.down_until = now + DOWN_FOR
+        replica.sampled_at = -math.inf
 
     # -- db.replica -------------------------------------------------------------
 
@@ -248,9 +251,9 @@ class ReplicaSet:
         primary; inside a transaction of the primary, in that transaction."""
         primary = self.primary
         primary.check_open()
+        check_read(primary.compile(query))
         if transaction_stack.get() is not None and current_transaction(primary) is not None:
             return await primary._run(query, read)
-        check_read(primary.compile(query))
         replica = await self.choose()
         if replica is not None:
             try:
@@ -285,6 +288,7 @@ class ReplicaReads(Queries):
 
     def _run(self, query: Fragment, read: Read[T]) -> Coroutine[Any, Any, T]:
         if self._replicas is None:
+            check_read(self._primary.compile(query))
             return self._primary._run(query, read)
         return self._replicas.run(query, read)
 
@@ -294,7 +298,9 @@ class ReplicaReads(Queries):
 
 class HeldReads(Protocol):
     """The reads of one unit attempt on one engine (the executor's
-    ``HeldConnection``: one connection, held until released)."""
+    ``HeldConnection``: one connection, held until released; made with
+    ``retries=False`` for a replica, which is passed over when it fails
+    rather than waited for)."""
 
     async def read(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]: ...
 
@@ -321,7 +327,10 @@ class UnitReads:
     raise :class:`ReadOnlyUnit` before more SQL."""
 
     def __init__(
-        self, primary: Engine, replicas: ReplicaSet | None, hold: Callable[[Engine], HeldReads]
+        self,
+        primary: Engine,
+        replicas: ReplicaSet | None,
+        hold: Callable[[Engine, bool], HeldReads],
     ) -> None:
         self._primary = primary
         self._replicas = replicas
@@ -355,7 +364,7 @@ class UnitReads:
         if replicas is not None and current_transaction(self._primary) is None:
             replica = await replicas.choose()
             if replica is not None:
-                self._held, self._replica = self._hold(replica.engine), replica
+                self._held, self._replica = self._hold(replica.engine, False), replica
                 try:
                     results = await self._held.read(queries)
                 except REPLICA_FAILURES as exc:
@@ -365,7 +374,7 @@ class UnitReads:
                     replicas.stats.replica_reads += 1
                     return results
             replicas.stats.replica_fallbacks += 1
-        self._held = self._hold(self._primary)
+        self._held = self._hold(self._primary, True)
         return await self._held.read(queries)
 
     async def release(self) -> None:

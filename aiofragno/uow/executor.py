@@ -76,15 +76,19 @@ async def _call(hook: Callable[..., Any] | None, *args: Any) -> None:
 
 class HeldConnection:
     """The one connection an attempt uses for its reads and its mutation
-    phase (one checkout per attempt, taken at the first use)."""
+    phase (one checkout per attempt, taken at the first use). Without
+    ``retries`` (a read replica's, which the caller passes over when it
+    fails), neither a checkout nor the reads wait out the unit's reconnect
+    deadline."""
 
-    def __init__(self, db: Engine) -> None:
+    def __init__(self, db: Engine, retries: bool = True) -> None:
         self.db = db
+        self.retries = retries
         self.session: Session | None = None
 
     async def get(self) -> Session:
         if self.session is None:
-            self.session = await self.db.acquire()
+            self.session = await self.db.acquire(wait=self.retries)
         return self.session
 
     async def release(self) -> None:
@@ -98,7 +102,7 @@ class HeldConnection:
         try:
             return await self._read_all(queries)
         except (ConnectionLost, DatabaseUnavailable) as exc:
-            if not is_retryable_loss(exc):
+            if not (self.retries and is_retryable_loss(exc)):
                 raise
             return await retry_read_after(
                 exc, self.db.options.reconnect_deadline, partial(self._read_all, queries)

@@ -54,7 +54,7 @@ from .errors import (
 from .queries import Queries, Read
 from .session import Session
 from .sql import Fragment
-from .streaming import Stream
+from .streaming import Rows, Stream
 from .transaction import current_transaction, transaction_stack
 
 if TYPE_CHECKING:
@@ -278,9 +278,8 @@ def check_read(compiled: CompiledQuery) -> None:
 
 
 class ReplicaReads(Queries):
-    """``db.replica``: the query methods, reading on a replica (see the
-    module docstring); without replicas, on the primary. ``stream`` reads
-    on the primary."""
+    """``db.replica``: the query methods and ``stream``, reading on a
+    replica (see the module docstring); without replicas, on the primary."""
 
     def __init__(self, primary: Engine, replicas: ReplicaSet | None) -> None:
         self._primary = primary
@@ -293,7 +292,50 @@ class ReplicaReads(Queries):
         return self._replicas.run(query, read)
 
     def _stream(self, query: Fragment, batch_size: int) -> Stream:
-        return self._primary._stream(query, batch_size)
+        compiled = self._primary.compile(query)
+        check_read(compiled)
+        if self._replicas is None:
+            return self._primary._stream(query, batch_size)
+        return ReplicaStream(self._replicas, query, compiled, batch_size)
+
+
+class ReplicaStream(Stream):
+    """``db.replica.stream(query)``: the rows streamed from a replica chosen
+    as for ``fetch`` (else from the primary; in a transaction of the
+    primary, in that transaction). A replica that fails before the first
+    batch is handed out is passed over, and the stream opens on the
+    primary; one that fails later fails the stream, as on the primary."""
+
+    def __init__(
+        self, replicas: ReplicaSet, query: Fragment, compiled: CompiledQuery, batch_size: int
+    ) -> None:
+        super().__init__(compiled, batch_size)
+        self._replicas = replicas
+        self._fragment = query
+        self._inner: Stream | None = None
+
+    async def __aenter__(self) -> Rows:
+        replicas, primary = self._replicas, self._replicas.primary
+        primary.check_open()
+        if current_transaction(primary) is None:
+            replica = await replicas.choose()
+            if replica is not None:
+                self._inner = replica.engine._stream(self._fragment, self._batch_size)
+                try:
+                    rows = await self._inner.__aenter__()
+                except REPLICA_FAILURES as exc:
+                    replicas.failed(replica, exc)
+                else:
+                    replicas.stats.replica_reads += 1
+                    return rows
+            replicas.stats.replica_fallbacks += 1
+        self._inner = primary._stream(self._fragment, self._batch_size)
+        return await self._inner.__aenter__()
+
+    async def _end(self, exc: BaseException | None) -> None:
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            await inner._end(exc)
 
 
 class HeldReads(Protocol):

@@ -1,6 +1,8 @@
 """A PostgreSQL primary and its hot standby, for the read-replica tests.
 
-The primary is a :class:`~tests.servers.PostgresServer`; the standby is
+The primary is a :class:`~tests.servers.PostgresServer` — in the tests,
+the session's private one (``private_servers``), so that the pair costs
+only its standby when other tests have started that server; the standby is
 made from it with ``pg_basebackup -R`` (the base backup, and a
 ``primary_conninfo`` that streams the primary's log) and runs as a hot
 standby. It streams through a :func:`~tests.faults.tcp_proxy` — the
@@ -24,7 +26,7 @@ from anyio.from_thread import start_blocking_portal
 
 from tests.conftest import Target, required_dialects
 from tests.faults import Proxy, tcp_proxy
-from tests.servers import PostgresServer, ServerUnavailable
+from tests.servers import PostgresServer, PrivateServers, ServerUnavailable
 
 
 class StandbyServer(PostgresServer):
@@ -82,10 +84,12 @@ class ReplicaPair:
 
 class ReplicaPairs:
     """The module's pair, made at first use (a module whose tests all skip
-    makes none) and closed with the module."""
+    makes none) and closed with the module (the primary too, unless it is
+    the session's private server, taken from ``servers``)."""
 
-    def __init__(self, latency: float) -> None:
+    def __init__(self, latency: float, servers: PrivateServers | None = None) -> None:
         self.latency = latency
+        self._servers = servers
         self._stack = ExitStack()
         self._pair: ReplicaPair | None = None
         self._unavailable: str | None = None
@@ -103,9 +107,7 @@ class ReplicaPairs:
 
     def _start(self) -> ReplicaPair:
         stack = self._stack
-        primary = PostgresServer()
-        stack.callback(primary.close)
-        primary.create_blocking()
+        primary = self._primary()
         portal = stack.enter_context(start_blocking_portal())
         link = stack.enter_context(
             portal.wrap_async_context_manager(tcp_proxy("127.0.0.1", primary.port))
@@ -116,6 +118,16 @@ class ReplicaPairs:
         standby.create_blocking()
         return ReplicaPair(primary, standby, link)
 
+    def _primary(self) -> PostgresServer:
+        if self._servers is not None:
+            primary = self._servers.get(PostgresServer.kind)
+            assert isinstance(primary, PostgresServer)
+            return primary
+        primary = PostgresServer()
+        self._stack.callback(primary.close)
+        primary.create_blocking()
+        return primary
+
     def close(self) -> None:
         self._stack.close()
 
@@ -125,8 +137,8 @@ LATENCY = 0.03
 
 
 @pytest.fixture(scope="module")
-def replica_pairs() -> Iterator[ReplicaPairs]:
-    pairs = ReplicaPairs(LATENCY)
+def replica_pairs(private_servers: PrivateServers) -> Iterator[ReplicaPairs]:
+    pairs = ReplicaPairs(LATENCY, private_servers)
     try:
         yield pairs
     finally:

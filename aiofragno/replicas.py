@@ -49,6 +49,7 @@ from .errors import (
     Error,
     PoolTimeout,
     ReadOnlyUnit,
+    SerializationFailure,
     ValidationError,
 )
 from .queries import Queries, Read
@@ -260,6 +261,10 @@ class ReplicaSet:
                 value = await replica.engine._run(query, read)
             except REPLICA_FAILURES as exc:
                 self.failed(replica, exc)
+            except SerializationFailure:
+                # (A standby cancels a read that holds up its replay: "conflict
+                # with recovery". The primary has no such conflict.)
+                pass
             else:
                 self.stats.replica_reads += 1
                 return value

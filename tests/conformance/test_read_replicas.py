@@ -122,8 +122,13 @@ async def test_a_task_reads_its_writes_on_a_lagging_replica(notes: Notes) -> Non
 
     async with db.transaction() as tx:
         await tx.execute(notes.inserting("tx"))
-        # Inside a transaction db.replica is the transaction's own read.
+        # Inside a transaction db.replica is the transaction's own read, and
+        # a unit's reads go to the primary (on a connection of their own, as
+        # any unit's: they do not see the transaction's row).
+        served = db.stats.replica_reads
         assert await notes.on_replica("tx") == 1
+        assert await notes.unit(partial(count, "tx"), reads="replica") == 0
+        assert db.stats.replica_reads == served
     assert await notes.on_replica("tx") == 1
     await db.execute(notes.inserting("plain"))
     assert await notes.on_replica("plain") == 1

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import os
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, Unpack, overload
@@ -30,6 +32,7 @@ from .naming import Layout, PhysicalNames, resolve_naming
 from .outbox import OutboxReader
 from .ownership import INTERNAL_TABLES
 from .queries import Queries, Read
+from .replicas import DEFAULT_REPLICA_WAIT, ReplicaReads, ReplicaSet
 from .schema import Schema, Table, TableIdentity, _check_name
 from .server_sessions import end_server_session_reconnecting
 from .sql import Fragment
@@ -37,7 +40,7 @@ from .streaming import DEFAULT_BATCH_SIZE, Stream, check_batch_size
 from .transaction import TransactionContext
 from .uow import execute_uow
 from .uow.catalog import Catalog
-from .uow.executor import UowHooks
+from .uow.executor import Reads, UowHooks
 from .uow.ops import FindResult
 from .uow.retry import RetryPolicy
 from .uow.unit import UnitOfWork, Where
@@ -78,6 +81,17 @@ class Database(Queries):
         self._catalogs: dict[int, Catalog] = {}
         self._table_identities: dict[tuple[str, ...], TableIdentity] = {}
         self.outbox = OutboxReader(engine)
+        self._replicas: ReplicaSet | None = None
+        self.replica: Queries = ReplicaReads(engine, None)
+        """Reads on a read replica (see :mod:`aiofragno.replicas`); on the
+        primary when the Database has none."""
+
+    def _use_replicas(self, replicas: ReplicaSet) -> None:
+        """Route ``db.replica`` and ``reads="replica"`` units to ``replicas``,
+        and keep each task's commit position for reading its writes there."""
+        self._replicas = replicas
+        self.replica = ReplicaReads(self._engine, replicas)
+        self._run = replicas.primary_run  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -163,6 +177,7 @@ class Database(Queries):
         on_query: Callable[[CompiledQuery], Any] | None = None,
         hooks: UowHooks | None = None,
         outbox: bool | None = None,
+        reads: Reads = "primary",
     ) -> T:
         """Run ``fn`` as a unit of work on ``schema``'s tables and return what it
         returns. ``fn`` queues reads, awaits ``uow.retrieve()``, and queues
@@ -176,7 +191,10 @@ class Database(Queries):
         ``on_query`` sees every compiled statement; ``hooks`` instrument each
         attempt. ``outbox``: whether this unit writes an outbox entry
         (None: as ``af.connect(outbox=...)`` says; tables declared with
-        ``outbox=False`` never go into one)."""
+        ``outbox=False`` never go into one). ``reads="replica"``: ``fn``
+        only reads, on a read replica that has this task's commits (else on
+        the primary; see :mod:`aiofragno.replicas`), all on one server; a
+        queued write raises :class:`~aiofragno.ReadOnlyUnit` before its SQL."""
         self._engine.check_open()
         check_isolation(isolation)
         return await execute_uow(
@@ -190,6 +208,8 @@ class Database(Queries):
             on_query=on_query,
             hooks=hooks,
             outbox=outbox,
+            reads=reads,
+            replicas=self._replicas,
         )
 
     @overload
@@ -294,6 +314,8 @@ class Database(Queries):
             )
             if transactional:
                 await session.commit()
+            if self._replicas is not None:
+                self._replicas.committing()  # (replicas get the new tables by replay)
             return result
         finally:
             await engine.release(session)
@@ -319,7 +341,7 @@ class Database(Queries):
         on exception; nested use makes a savepoint. ``isolation`` is one of
         "read uncommitted", "read committed", "repeatable read", "serializable"
         (SQLite transactions are always serializable)."""
-        return self._engine.transaction(isolation)
+        return self._engine.transaction(isolation, watcher=self._replicas)
 
     async def now(self) -> datetime:
         """The database server's current time, timezone-aware in UTC."""
@@ -370,7 +392,11 @@ class Database(Queries):
 
     async def close(self) -> None:
         """Close every connection. Idempotent; the Database is unusable after."""
-        await self._engine.close()
+        try:
+            await self._engine.close()
+        finally:
+            if self._replicas is not None:
+                await self._replicas.close()
 
     async def __aenter__(self) -> Database:
         return self
@@ -419,27 +445,60 @@ class Connect:
     """What ``af.connect`` returns: await it for a :class:`Database`, or use it
     as ``async with af.connect(url) as db`` to close the Database on exit."""
 
-    def __init__(self, url: str, backend: str | None, options: ConnectOptions) -> None:
+    def __init__(
+        self,
+        url: str,
+        backend: str | None,
+        options: ConnectOptions,
+        replicas: ReplicaOptions | None = None,
+    ) -> None:
         self._url = url
         self._backend = backend
         self._options = options
+        self._replicas = replicas
         self._db: Database | None = None
 
-    async def _open(self) -> Database:
-        url = parse_url(self._url)
+    def _resolve(self, text: str) -> tuple[DatabaseURL, Options]:
+        """The URL ``text`` and its options (libpq's environment, the URL's
+        query, the keywords)."""
+        url = parse_url(text)
         base = Options()
         if url.dialect == "postgresql":
             url, base = libpq.from_environment(url, os.environ)
         options = base.merged(url.query, self._options)
         options.check_dialect(url.dialect)
+        return url, options
+
+    async def _open(self) -> Database:
+        url, options = self._resolve(self._url)
         backend = choose_backend(url, self._backend, runtime.current_runtime())
         db = Database(create_dialect(backend, url, options), url, options, backend.name)
         try:
+            if self._replicas is not None:
+                db._use_replicas(self._replica_set(db._engine, backend.name))
             await db.open()
         except BaseException:
             await db.close()
             raise
         return db
+
+    def _replica_set(self, primary: Engine, backend: str) -> ReplicaSet:
+        """A pool per replica URL, opened at first use (a replica down at
+        connect time is passed over, not an error). A replica fails fast
+        (no reconnect_deadline): the read goes elsewhere instead of waiting."""
+        assert self._replicas is not None
+        engines = []
+        for text in self._replicas.urls:
+            url, options = self._resolve(text)
+            if url.dialect != primary.name:
+                raise ValidationError(
+                    f"replica {url.describe()} is {url.dialect}, the primary {primary.name}: "
+                    "replicas are copies of the primary"
+                )
+            options = dataclasses.replace(options, reconnect_deadline=None)
+            chosen = choose_backend(url, backend, runtime.current_runtime())
+            engines.append(Engine(create_dialect(chosen, url, options), url, options, backend))
+        return ReplicaSet(primary, engines, self._replicas.max_lag, self._replicas.wait)
 
     def __await__(self) -> Generator[Any, None, Database]:
         return self._open().__await__()
@@ -458,7 +517,58 @@ class Connect:
             await self._db.close()
 
 
-def connect(url: str, *, backend: str | None = None, **options: Unpack[ConnectOptions]) -> Connect:
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicaOptions:
+    """What ``af.connect`` was told of read replicas (checked)."""
+
+    urls: tuple[str, ...]
+    max_lag: float | None
+    wait: float
+
+
+def replica_options(
+    replicas: Sequence[str] | None,
+    replica_url: str | None,
+    max_replica_lag: float | None,
+    replica_wait: float,
+) -> ReplicaOptions | None:
+    """``connect``'s replica keywords, checked; None without replicas."""
+    if replicas is not None and replica_url is not None:
+        raise ValidationError("pass replicas=[...] or replica_url=..., not both")
+    urls = [replica_url] if replica_url is not None else replicas
+    if isinstance(urls, str) or not isinstance(urls, Sequence | None):
+        raise ValidationError(
+            f"replicas must be a list of URLs, got {type(urls).__name__} (one replica: "
+            "replicas=[url] or replica_url=url)"
+        )
+    if max_replica_lag is not None:
+        _check_seconds("max_replica_lag", max_replica_lag)
+    _check_seconds("replica_wait", replica_wait)
+    if not urls:
+        if max_replica_lag is not None:
+            raise ValidationError("max_replica_lag needs replicas=[...]")
+        return None
+    for text in urls:
+        if not isinstance(text, str):
+            raise ValidationError(f"a replica URL must be a str, got {type(text).__name__}")
+    return ReplicaOptions(tuple(urls), max_replica_lag, replica_wait)
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise ValidationError(f"{name} must be a number of seconds >= 0, got {value!r}")
+
+
+def connect(
+    url: str,
+    *,
+    backend: str | None = None,
+    replicas: Sequence[str] | None = None,
+    replica_url: str | None = None,
+    max_replica_lag: float | None = None,
+    replica_wait: float = DEFAULT_REPLICA_WAIT,
+    **options: Unpack[ConnectOptions],
+) -> Connect:
     """Open a :class:`Database` for ``url`` (see :mod:`aiofragno.url` for URL
     forms, and :class:`~aiofragno.url.Options` for what each option in
     :class:`~aiofragno.ConnectOptions` means). ``backend`` picks a driver ("asyncpg", "aiosqlite",
@@ -468,5 +578,14 @@ def connect(url: str, *, backend: str | None = None, **options: Unpack[ConnectOp
     (:class:`~aiofragno.errors.DatabaseUnavailable`; a TLS failure:
     :class:`~aiofragno.errors.TLSError`). On PostgreSQL, libpq's ``PG*``
     environment variables fill in what the URL and the keywords leave out
-    (see :mod:`aiofragno.libpq`)."""
-    return Connect(url, backend, options)
+    (see :mod:`aiofragno.libpq`).
+
+    ``replicas`` (or ``replica_url``, for one): PostgreSQL standbys of
+    ``url`` for ``db.replica`` and ``execute_uow(..., reads="replica")``,
+    each a pool of its own with the same options, opened at first use.
+    A replica read waits up to ``replica_wait`` seconds for the replica to
+    replay the task's own commits, and passes over a replica whose replay
+    lags more than ``max_replica_lag`` seconds; else it runs on the primary
+    (see :mod:`aiofragno.replicas`)."""
+    checked = replica_options(replicas, replica_url, max_replica_lag, replica_wait)
+    return Connect(url, backend, options, checked)

@@ -372,6 +372,15 @@ class SqlSnippets:
     # synchronous standby, which may be what has just gone. None: commits
     # wait for nothing outside the server.
     local_commit: str | None = None
+    # Read replicas (aiofragno.replicas). ``wal_position``: one statement
+    # returning, as the bigint ``position``, how far the primary's log
+    # reaches now — a replica that has replayed that far sees every commit
+    # made before it. ``replica_state``: one statement a replica answers
+    # with how far it has replayed (``position``; NULL when the server is
+    # not a replica) and how many seconds its replay lags (``lag``).
+    # None: no replicas on this dialect.
+    wal_position: str | None = None
+    replica_state: str | None = None
     # Run first in a mutation phase at "repeatable read" or "serializable"
     # with the counter's outbox on (not under ticks): it waits for the
     # outbox counter's writers before the transaction takes its snapshot.

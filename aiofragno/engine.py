@@ -56,7 +56,12 @@ from .session import Session, log_statement, logger
 from .sql import Fragment
 from .stats import Stats
 from .streaming import EngineStream, Stream
-from .transaction import TransactionContext, current_transaction, transaction_stack
+from .transaction import (
+    CommitWatcher,
+    TransactionContext,
+    current_transaction,
+    transaction_stack,
+)
 from .uow.plans import CommitPlan
 from .uow.plans import choose as choose_plan
 from .url import DatabaseURL, Options, OutboxStrategy
@@ -138,12 +143,15 @@ class Engine(Queries):
         ``text`` from user input)."""
         return Fragment((text,))
 
-    def transaction(self, isolation: IsolationLevel | None = None) -> TransactionContext:
+    def transaction(
+        self, isolation: IsolationLevel | None = None, *, watcher: CommitWatcher | None = None
+    ) -> TransactionContext:
         """``async with engine.transaction() as tx`` (see
-        :meth:`Database.transaction <aiofragno.Database.transaction>`)."""
+        :meth:`Database.transaction <aiofragno.Database.transaction>`);
+        ``watcher`` is told of its COMMIT."""
         self.check_open()
         check_isolation(isolation)
-        return TransactionContext(self, isolation)
+        return TransactionContext(self, isolation, watcher=watcher)
 
     async def open(self) -> None:
         """Open the first connection, so a bad URL or a dead server fails now."""

@@ -118,6 +118,13 @@ class WouldDeadlock(Error):
     transaction holds)."""
 
 
+class ReadOnlyUnit(Error):
+    """A unit of work run with ``reads="replica"`` queued a write (or a
+    check): such a unit only reads, so it was refused before the write's
+    SQL — nothing was written. Run the unit with ``reads="primary"`` (the
+    default) to write."""
+
+
 class WrongEventLoop(Error):
     """A :class:`~aiofragno.Database` whose connections belong to the asyncio
     loop that opened them (asyncpg's and asyncmy's) was used from another

@@ -29,7 +29,7 @@ from .database import Database
 from .driver import CompiledQuery, IsolationLevel
 from .errors import CommitOutcomeUnknown, ConcurrencyConflict
 from .schema import Schema
-from .uow.executor import UowHooks
+from .uow.executor import Reads, UowHooks
 from .uow.retry import RetryPolicy
 from .uow.unit import UnitOfWork
 
@@ -102,6 +102,7 @@ class UowTracer:
         on_query: Callable[[CompiledQuery], Any] | None = None,
         hooks: UowHooks | None = None,
         outbox: bool | None = None,
+        reads: Reads = "primary",
         span_name: str | None = None,
     ) -> T:
         """``db.execute_uow(fn, ...)`` (same arguments, same result and
@@ -110,6 +111,8 @@ class UowTracer:
         attributes = _database_attributes(db)
         attributes["aiofragno.uow.schema"] = schema.name
         attributes["aiofragno.uow.namespace"] = schema.name if namespace is None else namespace
+        if reads != "primary":
+            attributes["aiofragno.uow.reads"] = reads
         # (Failures are recorded by _TracedUnit.failed: a message may quote a value.)
         with self._tracer.start_as_current_span(
             name,
@@ -131,6 +134,7 @@ class UowTracer:
                     on_query=traced.statement,
                     hooks=traced.hooks,
                     outbox=outbox,
+                    reads=reads,
                 )
             except BaseException as exc:
                 traced.failed(exc)

@@ -26,6 +26,16 @@ class Stats:
     session_resets: int = 0
     """Connections whose session was reset before reuse (raw SQL may have
     changed it, or left a transaction open)."""
+    replica_reads: int = 0
+    """Reads served by a read replica (``db.replica`` statements, and units
+    run with ``reads="replica"``)."""
+    replica_waits: int = 0
+    """Of those, reads that first waited for the replica to replay this
+    task's commits."""
+    replica_fallbacks: int = 0
+    """Replica reads that ran on the primary instead: no replica was up,
+    within ``max_replica_lag``, or caught up with the task's commits within
+    ``replica_wait``."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -39,6 +39,16 @@ class TransactionHost(Protocol):
     async def release(self, session: Session) -> None: ...
 
 
+class CommitWatcher(Protocol):
+    """Told of a transaction's COMMIT (:class:`aiofragno.replicas.ReplicaSet`
+    keeps each task's commit position with it): ``committing()`` before it
+    is sent, ``committed(session)`` once it succeeded, on its connection."""
+
+    def committing(self) -> None: ...
+
+    async def committed(self, session: Session) -> None: ...
+
+
 class Transaction(Queries):
     """An open transaction: run queries in it, or nest a savepoint with
     ``async with tx.transaction():``. Operations from several tasks sharing it
@@ -159,8 +169,10 @@ class TransactionContext:
         isolation: IsolationLevel | None,
         *,
         parent: Transaction | None = None,
+        watcher: CommitWatcher | None = None,
     ) -> None:
         self._db = db
+        self._watcher = watcher
         self._isolation = isolation
         self._parent = parent
         self._tx: Transaction | None = None
@@ -201,7 +213,12 @@ class TransactionContext:
         tx.ended = True  # (from now on, other tasks' statements are refused)
         try:
             if exc is None:
+                watcher = self._watcher
+                if watcher is not None:
+                    watcher.committing()
                 await tx._finish(tx.session.commit)
+                if watcher is not None:
+                    await watcher.committed(tx.session)
             elif not (tx.session.broken or tx.session.interrupted):
                 # (An interrupted connection is reset or discarded by release.)
                 await _rollback_quietly(tx.session, lambda: tx._finish(tx.session.rollback))

@@ -18,6 +18,7 @@ thread — that is fine, they only share TCP.
         proxy.drop_after(b"COMMIT", forward=True)   # lose the reply to the next COMMIT
         proxy.hold_after(b"COMMIT")           # the server reads the next COMMIT late...
         await proxy.release_held()            # ...now, after the client gave up on it
+        proxy.delay(0.03)                     # every byte arrives 30 ms late (latency)
 
 ``drop_after(marker, forward)`` arms the proxy once: the next client->server
 chunk that contains ``marker`` is forwarded to the server (``forward=True``;
@@ -32,10 +33,19 @@ chunk containing ``marker`` is kept back and the client's side is closed at
 once, while the server's side stays open and idle — the server has not read
 the chunk yet. ``release_held()`` delivers it late, waits for the server's
 answer (or its close) and closes the connection.
+
+``delay(seconds)`` adds latency, not a bandwidth limit, to the connections
+opened after it: each chunk, in either direction, is delivered ``seconds``
+after the proxy received it, in order, however many follow it meanwhile (a
+WAN link, or a replica streaming its primary's log from afar); what a side
+sent before closing is delivered before the close. A later ``delay()``
+changes the latency of those connections too (0: none). They are plain
+relays otherwise: stall, drop_after and hold_after do not act on them.
 """
 
 from __future__ import annotations
 
+import math
 import socket
 import struct
 from collections.abc import AsyncIterator, Sequence
@@ -103,6 +113,8 @@ class Proxy:
         self._held: list[tuple[anyio.abc.SocketStream, bytes]] = []
         self._link_closed = anyio.Event()  # set (and replaced) whenever a link ends
         self._close_delay = 0.0
+        self._latency = 0.0
+        self._delayed = False  # whether new connections relay through the delay
 
     def __repr__(self) -> str:
         return (
@@ -145,6 +157,11 @@ class Proxy:
         only ``seconds`` later (what the server sent before closing is relayed
         at once): the client learns late that its connection is gone."""
         self._close_delay = seconds
+
+    def delay(self, seconds: float) -> None:
+        """Deliver every chunk ``seconds`` late (see the module docstring)."""
+        self._latency = seconds
+        self._delayed = self._delayed or seconds > 0
 
     def refuse(self, refusing: bool) -> None:
         """Refuse new connections (the listening socket is closed, so clients
@@ -266,8 +283,16 @@ class Proxy:
                     return  # server down: the client sees its connection closed
                 link.upstream_port = link.server.extra(SocketAttribute.local_port)
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._pump, link, client, link.server, True)
-                    tg.start_soon(self._pump, link, link.server, client, False)
+                    if self._delayed:
+                        for source, sink in ((client, link.server), (link.server, client)):
+                            late, due = anyio.create_memory_object_stream[tuple[float, bytes]](
+                                math.inf
+                            )
+                            tg.start_soon(self._pump_late, source, late)
+                            tg.start_soon(self._deliver, link, due, sink)
+                    else:
+                        tg.start_soon(self._pump, link, client, link.server, True)
+                        tg.start_soon(self._pump, link, link.server, client, False)
         finally:
             if link.reset:
                 _linger_zero(client)
@@ -319,6 +344,44 @@ class Proxy:
                     return
         finally:
             # Either side closing (or failing) ends the whole connection.
+            link.scope.cancel()
+
+    async def _pump_late(
+        self,
+        source: anyio.abc.SocketStream,
+        late: anyio.abc.ObjectSendStream[tuple[float, bytes]],
+    ) -> None:
+        """Queue each chunk from ``source`` with the time it is due; at the
+        source's end, close the queue (its deliverer ends the connection
+        once the queue is empty)."""
+        async with late:
+            while True:
+                try:
+                    chunk = await source.receive(_CHUNK)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                    return
+                try:
+                    late.send_nowait((anyio.current_time() + self._latency, chunk))
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return
+
+    async def _deliver(
+        self,
+        link: _Link,
+        due: anyio.abc.ObjectReceiveStream[tuple[float, bytes]],
+        sink: anyio.abc.SocketStream,
+    ) -> None:
+        """Send on what :meth:`_pump_late` queued, each chunk at its time."""
+        try:
+            async with due:
+                async for at, chunk in due:
+                    if at > anyio.current_time():
+                        await anyio.sleep_until(at)
+                    try:
+                        await sink.send(chunk)
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                        return
+        finally:
             link.scope.cancel()
 
     async def _drop_link(

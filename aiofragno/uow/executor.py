@@ -8,7 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from .. import runtime
 from ..driver import CompiledQuery, IsolationLevel, QueryResult
@@ -22,6 +22,7 @@ from ..errors import (
 )
 from ..outbox.versionstamp import MAX_INDEX
 from ..outbox.writer import entry_values
+from ..replicas import ReplicaSet, UnitReads
 from ..resilience import Deadline, is_retryable_loss, retry_read_after, shared_deadline
 from ..schema import new_external_id
 from ..session import Session
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("aiofragno")
 T = TypeVar("T")
+# Where a unit's reads run (aiofragno.replicas): "replica" units only read.
+Reads = Literal["primary", "replica"]
 Hook = Callable[[UnitOfWork], Any]
 DEFAULT_RETRY = ExponentialBackoff()
 # Idempotency keys are stored as varchar(255) (the outbox's uow_id).
@@ -73,15 +76,19 @@ async def _call(hook: Callable[..., Any] | None, *args: Any) -> None:
 
 class HeldConnection:
     """The one connection an attempt uses for its reads and its mutation
-    phase (one checkout per attempt, taken at the first use)."""
+    phase (one checkout per attempt, taken at the first use). Without
+    ``retries`` (a read replica's, which the caller passes over when it
+    fails), neither a checkout nor the reads wait out the unit's reconnect
+    deadline."""
 
-    def __init__(self, db: Engine) -> None:
+    def __init__(self, db: Engine, retries: bool = True) -> None:
         self.db = db
+        self.retries = retries
         self.session: Session | None = None
 
     async def get(self) -> Session:
         if self.session is None:
-            self.session = await self.db.acquire()
+            self.session = await self.db.acquire(wait=self.retries)
         return self.session
 
     async def release(self) -> None:
@@ -95,7 +102,7 @@ class HeldConnection:
         try:
             return await self._read_all(queries)
         except (ConnectionLost, DatabaseUnavailable) as exc:
-            if not is_retryable_loss(exc):
+            if not (self.retries and is_retryable_loss(exc)):
                 raise
             return await retry_read_after(
                 exc, self.db.options.reconnect_deadline, partial(self._read_all, queries)
@@ -226,8 +233,12 @@ async def execute_uow(
     on_query: Callable[[CompiledQuery], Any] | None = None,
     hooks: UowHooks | None = None,
     outbox: bool | None = None,
+    reads: Reads = "primary",
+    replicas: ReplicaSet | None = None,
 ) -> T:
     policy = DEFAULT_RETRY if retry is None else retry
+    if reads not in ("primary", "replica"):
+        raise ValidationError(f'reads must be "primary" or "replica", got {reads!r}')
     if idempotency_key is not None:
         check_idempotency_key(idempotency_key)
     if outbox is None:
@@ -246,22 +257,36 @@ async def execute_uow(
             attempt += 1
             db.stats.attempts += 1
             held = HeldConnection(db)
-            uow = UnitOfWork(held.read, catalog, uow_id, dry_run=dry_run, on_query=on_query)
+            # (A unit of reads only reads through its UnitReads: it never
+            # gets as far as the mutation phase, which uses held.)
+            reader = None if reads == "primary" else UnitReads(db, replicas, HeldConnection)
+            read = held.read if reader is None else reader.read
+            uow = UnitOfWork(read, catalog, uow_id, dry_run=dry_run, on_query=on_query)
+            if reader is not None:
+                reader.unit = uow
             try:
                 try:
                     value = await fn(uow)
+                    if reader is not None:
+                        reader.refuse_writes()
                     await uow.settle_bulk()
                     if dry_run or not uow.mutations:
                         _without_writes(db, uow, dry_run, on_query)
                         return value
                     _check_not_waiting_for_itself(db)
                     await _call(hooks.before_mutation, uow)
+                    if replicas is not None:
+                        replicas.committing()  # (read-your-writes: aiofragno.replicas)
                     await run_mutations(
                         db, held, uow, catalog, isolation, on_query, idempotency_key, nonce, outbox
                     )
+                    if replicas is not None:
+                        await replicas.committed(await held.get())
                 finally:
                     # Released before any backoff sleep below.
                     await held.release()
+                    if reader is not None:
+                        await reader.release()
             except Exception as exc:
                 outcome = classify(exc)
                 if outcome is Outcome.DUPLICATE_KEY and uow.unique_conflicts.match(exc):

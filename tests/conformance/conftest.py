@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -71,6 +72,24 @@ async def tables(db: af.Database) -> AsyncIterator[Tables]:
 
 @pytest.fixture
 async def make_env(db: af.Database) -> AsyncIterator[MakeEnv]:
+    async with _environments(db) as make:
+        yield make
+
+
+@pytest.fixture
+async def make_outbox_env(url: str, target: Target) -> AsyncIterator[MakeEnv]:
+    """As ``make_env``, on a Database whose units write outbox entries,
+    each numbered at commit (``outbox="counter"``: ``uow.versionstamp`` is
+    its entry's)."""
+    async with (
+        af.connect(url, backend=target.backend, outbox="counter") as odb,
+        _environments(odb) as make,
+    ):
+        yield make
+
+
+@contextlib.asynccontextmanager
+async def _environments(db: af.Database) -> AsyncIterator[MakeEnv]:
     made: list[Env] = []
 
     async def make(schema: af.Schema) -> Env:

@@ -9,16 +9,13 @@ of a row type against its table in tests/test_row_types.py."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any, TypedDict
 
 import pytest
 
 import aiofragno as af
 from aiofragno.schema import Table
-from tests.conformance.namespaces import new_namespace
-from tests.conformance.uow_env import Env, Unit, drop_namespace
-from tests.servers import Target
+from tests.conformance.uow_env import Env, MakeEnv, Unit, entry_numbered
 
 pytestmark = pytest.mark.anyio
 
@@ -66,12 +63,8 @@ TYPED = af.Schema("typed", accounts, transfers)
 
 
 @pytest.fixture
-async def typed(url: str, target: Target) -> AsyncIterator[Env]:
-    async with af.connect(url, backend=target.backend, outbox="counter") as odb:
-        env = Env(odb, TYPED, new_namespace())
-        await odb.migrate(TYPED, namespace=env.namespace)
-        yield env
-        await drop_namespace(odb, TYPED, env.namespace)
+async def typed(make_outbox_env: MakeEnv) -> Env:
+    return await make_outbox_env(TYPED)
 
 
 class Recorded:
@@ -97,8 +90,7 @@ class Recorded:
         """Per recorded entry, its mutations' operations and tables."""
         written = []
         for stamp in self.stamps:
-            before = f"{int(stamp, 16) - 1:024x}"
-            [entry] = await self.env.db.outbox.list(after=before, limit=1)
+            entry = await entry_numbered(self.env.db, stamp)
             written.append([f"{m['op']} {m['table']}" for m in entry.mutations])
         return written
 

@@ -8,15 +8,13 @@ written, and hostile input refused before anything is written."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 import aiofragno as af
 import aiofragno.uow.bulk as bulk
-from tests.conformance.namespaces import new_namespace
-from tests.conformance.uow_env import ITEMS, SHOP, Env, MakeEnv, Unit, drop_namespace
+from tests.conformance.uow_env import ITEMS, SHOP, Env, MakeEnv, Unit, entry_numbered
 from tests.conformance.uow_env import stale as stale_row
 from tests.conftest import Target
 
@@ -220,12 +218,8 @@ async def test_create_many_references_and_dry_run(shop: Env) -> None:
 
 
 @pytest.fixture
-async def outbox_items(url: str, target: Target) -> AsyncIterator[Env]:
-    async with af.connect(url, backend=target.backend, outbox="counter") as odb:
-        env = Env(odb, ITEMS, new_namespace())
-        await odb.migrate(ITEMS, namespace=env.namespace)
-        yield env
-        await drop_namespace(odb, ITEMS, env.namespace)
+async def outbox_items(make_outbox_env: MakeEnv) -> Env:
+    return await make_outbox_env(ITEMS)
 
 
 async def _entry(env: Env, unit: Unit) -> tuple[Any, af.OutboxEntry]:
@@ -240,10 +234,7 @@ async def _entry(env: Env, unit: Unit) -> tuple[Any, af.OutboxEntry]:
     value = await env.run(run)
     stamp = units[-1].versionstamp
     assert stamp is not None
-    before = f"{int(stamp, 16) - 1:024x}"
-    [entry] = await env.db.outbox.list(after=before, limit=1)
-    assert entry.versionstamp == stamp
-    return value, entry
+    return value, await entry_numbered(env.db, stamp)
 
 
 async def test_outbox_entry_lists_every_row_written(outbox_items: Env) -> None:

@@ -141,6 +141,14 @@ class Env:
 MakeEnv = Callable[[af.Schema], Awaitable[Env]]
 
 
+async def entry_numbered(db: af.Database, versionstamp: str) -> af.OutboxEntry:
+    """The outbox entry with ``versionstamp``."""
+    before = f"{int(versionstamp, 16) - 1:024x}"
+    [entry] = await db.outbox.list(after=before, limit=1)
+    assert entry.versionstamp == versionstamp
+    return entry
+
+
 async def seed_accounts(env: Env, *owners: str, balance: int = 100) -> dict[str, af.RowId]:
     """Create accounts; return their ids as read back (RowIds with version and
     internal id)."""

@@ -1,0 +1,238 @@
+"""Read replicas (aiofragno.replicas) on a real primary and hot standby
+whose log arrives 30 ms late (tests/pg_replicas.py): a task reads its own
+writes on the replica, while a task that has not written sees the
+replica's lag; a unit run with reads="replica" refuses writes before their
+SQL; reads fall back to the primary when the replica cannot serve them
+(too far behind within replica_wait, lagging past max_replica_lag, down),
+counted in db.stats."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from functools import partial
+
+import anyio
+import pytest
+
+import aiofragno as af
+from tests.conftest import Target
+from tests.faults import tcp_proxy
+from tests.pg_replicas import ReplicaPair, replica_pair, replica_pairs
+
+__all__ = ["replica_pair", "replica_pairs"]  # (fixtures)
+
+pytestmark = pytest.mark.anyio
+
+NOTES = af.Schema("replica_notes", af.Table("notes", af.Column("text", "string")))
+ROUNDS = 8
+
+
+async def write(text: str, uow: af.UnitOfWork) -> None:
+    uow.create("notes", {"text": text})
+
+
+async def count(text: str, uow: af.UnitOfWork) -> int:
+    found = uow.count("notes", {"text": text})
+    await uow.retrieve()
+    return found.result
+
+
+async def read_then_write(uow: af.UnitOfWork) -> None:
+    found = uow.count("notes")
+    await uow.retrieve()
+    uow.create("notes", {"text": "refused"})
+    assert found.result == 0
+
+
+async def write_then_read(uow: af.UnitOfWork) -> None:
+    uow.create("notes", {"text": "refused"})
+    uow.count("notes")
+    await uow.retrieve()
+
+
+class Notes:
+    """The notes table of a namespace of the test's own, migrated."""
+
+    def __init__(self, db: af.Database, namespace: str | None = None) -> None:
+        self.db = db
+        self.namespace = namespace or f"r{uuid.uuid4().hex[:10]}"
+        self.table = db.layout(NOTES, self.namespace).table("notes").identifier
+
+    def on(self, db: af.Database) -> Notes:
+        """The same notes, through ``db``."""
+        return Notes(db, self.namespace)
+
+    def counting(self, text: str) -> af.Fragment:
+        return af.sql("SELECT count(*) FROM {t} WHERE text = {v}", t=self.table, v=text)
+
+    def inserting(self, text: str) -> af.Fragment:
+        return af.sql(
+            "INSERT INTO {t} (id, text) VALUES ({id}, {v})",
+            t=self.table,
+            id=uuid.uuid4().hex,
+            v=text,
+        )
+
+    async def on_replica(self, text: str) -> int:
+        return await self.db.replica.fetch_value(self.counting(text), int)
+
+    async def unit(self, fn: object, **options: object) -> object:
+        return await self.db.execute_uow(
+            fn,  # type: ignore[arg-type]
+            schema=NOTES,
+            namespace=self.namespace,
+            **options,  # type: ignore[arg-type]
+        )
+
+
+async def read_after(written: anyio.Event, notes: Notes, text: str, seen: list[int]) -> None:
+    await written.wait()
+    seen.append(await notes.on_replica(text))
+
+
+@pytest.fixture
+async def notes(replica_pair: ReplicaPair, target: Target) -> AsyncIterator[Notes]:
+    async with af.connect(
+        replica_pair.primary.url, backend=target.backend, replicas=[replica_pair.standby.url]
+    ) as db:
+        notes = Notes(db)
+        await db.migrate(NOTES, namespace=notes.namespace)
+        yield notes
+
+
+async def test_a_task_reads_its_writes_on_a_lagging_replica(notes: Notes) -> None:
+    db = notes.db
+    stale = 0
+    for round in range(ROUNDS):
+        text = f"unit {round}"
+        seen_by_other: list[int] = []
+        written = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            # Started before the write: its commit position is older.
+            tg.start_soon(read_after, written, notes, text, seen_by_other)
+            await notes.unit(partial(write, text))
+            written.set()
+            assert await notes.on_replica(text) == 1
+            assert await notes.unit(partial(count, text), reads="replica") == 1
+        stale += seen_by_other == [0]
+    # Without its commit position the other task read the replica at once,
+    # before the log got there: the lag is real, and waiting is what hid it.
+    assert stale >= ROUNDS // 4, f"only {stale} of {ROUNDS} reads elsewhere were stale"
+
+    async with db.transaction() as tx:
+        await tx.execute(notes.inserting("tx"))
+        # Inside a transaction db.replica is the transaction's own read, and
+        # a unit's reads go to the primary (on a connection of their own, as
+        # any unit's: they do not see the transaction's row).
+        served = db.stats.replica_reads
+        assert await notes.on_replica("tx") == 1
+        assert await notes.unit(partial(count, "tx"), reads="replica") == 0
+        assert db.stats.replica_reads == served
+    assert await notes.on_replica("tx") == 1
+    await db.execute(notes.inserting("plain"))
+    assert await notes.on_replica("plain") == 1
+    await db.execute(notes.inserting("streamed"))
+    async with db.replica.stream(notes.counting("streamed")) as rows:
+        assert [row["count"] async for row in rows] == [1]
+
+    stats = db.stats
+    assert stats.replica_reads >= 2 * ROUNDS + 4
+    assert stats.replica_waits >= ROUNDS
+    assert stats.replica_fallbacks == 0
+
+
+async def test_a_replica_unit_refuses_writes_before_their_sql(notes: Notes) -> None:
+    with pytest.raises(af.ReadOnlyUnit):
+        await notes.unit(read_then_write, reads="replica")
+    with pytest.raises(af.ReadOnlyUnit):
+        await notes.unit(write_then_read, reads="replica")
+    # The first unit's read ran; the second unit's, after its write, went
+    # nowhere (the unit's server is chosen at its first read).
+    stats = notes.db.stats
+    assert (stats.replica_reads, stats.replica_fallbacks) == (1, 0)
+    with pytest.raises(af.ValidationError, match="reads only"):
+        await notes.db.replica.execute(af.sql("DELETE FROM {t}", t=notes.table))
+    with pytest.raises(af.ValidationError, match="reads must be"):
+        await notes.unit(partial(count, "x"), reads="secondary")
+    assert await notes.db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=notes.table)) == 0
+    assert stats.units == 0
+
+
+async def test_reads_fall_back_to_the_primary(
+    replica_pair: ReplicaPair, target: Target, notes: Notes
+) -> None:
+    primary, standby = replica_pair.primary, replica_pair.standby
+    # Waiting for nothing: right after a write the replica has not replayed it.
+    async with af.connect(
+        primary.url, backend=target.backend, replicas=[standby.url], replica_wait=0
+    ) as db:
+        # (A first read opens the replica's pool: later reads take no time
+        # to connect, which the log's 30 ms could hide in.)
+        assert await db.replica.fetch_value(af.sql("SELECT 1")) == 1
+        await notes.on(db).unit(partial(write, "impatient"))
+        assert await notes.on(db).on_replica("impatient") == 1
+        assert (db.stats.replica_reads, db.stats.replica_fallbacks) == (1, 1)
+
+    # A replica whose replay is paused lags more and more.
+    async with af.connect(standby.url, backend=target.backend) as on_standby:
+        await on_standby.execute(af.sql("SELECT pg_wal_replay_pause()"))
+        try:
+            await notes.unit(partial(write, "paused"))
+            await anyio.sleep(0.3)
+            async with af.connect(
+                primary.url, backend=target.backend, replicas=[standby.url], max_replica_lag=0.1
+            ) as db:
+                assert await notes.on(db).on_replica("paused") == 1
+                assert (db.stats.replica_reads, db.stats.replica_fallbacks) == (0, 1)
+        finally:
+            await on_standby.execute(af.sql("SELECT pg_wal_replay_resume()"))
+
+    # A replica that goes away: passed over, its reads on the primary.
+    async with (
+        tcp_proxy("127.0.0.1", standby.port) as proxy,
+        af.connect(
+            primary.url,
+            backend=target.backend,
+            replicas=[f"postgresql://postgres@127.0.0.1:{proxy.port}/test"],
+        ) as db,
+    ):
+        through = notes.on(db)
+        assert await through.on_replica("never") == 0
+        assert db.stats.replica_reads == 1
+        proxy.refuse(True)
+        proxy.cut_all()
+        # The unit's first read finds the pooled connection gone: on the
+        # primary at once (not after the unit's reconnect deadline).
+        with anyio.fail_after(5):
+            assert await through.unit(partial(count, "paused"), reads="replica") == 1
+        # Then the replica is passed over without being tried.
+        assert await through.on_replica("paused") == 1
+        assert (db.stats.replica_reads, db.stats.replica_fallbacks) == (1, 2)
+        assert proxy.accepted == 1
+
+
+async def test_cancelled_anywhere_a_task_still_reads_its_writes(
+    replica_pair: ReplicaPair, target: Target, notes: Notes
+) -> None:
+    """A write or a replica read cancelled at any point (the commit, the
+    position's read after it, the wait for the replica): no connection is
+    left checked out (one per pool, so a leak would stall the next use),
+    and the task's next replica read shows at least what the primary
+    showed it — a commit whose position was never read still counts."""
+    async with af.connect(
+        replica_pair.primary.url,
+        backend=target.backend,
+        replicas=[replica_pair.standby.url],
+        pool_size=1,
+        acquire_timeout=5,
+    ) as db:
+        through = notes.on(db)
+        counting = through.counting("cancelled")
+        for delay in (0, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032):
+            with anyio.move_on_after(delay):
+                await through.unit(partial(write, "cancelled"))
+            with anyio.move_on_after(delay):
+                await db.replica.fetch_value(counting, int)
+            on_primary = await db.fetch_value(counting, int)
+            assert await db.replica.fetch_value(counting, int) >= on_primary

@@ -3,6 +3,8 @@ test's own (tests/pg_replication.py), named together in one URL.
 
 * choosing the server: the primary whatever the order, a standby when asked
   for one, ``ReadOnlyDatabase`` at once for a single standby asked to write;
+  a primary fenced read-only meanwhile is waited out, not failed on; idle
+  connections to a host that lost one are replaced;
   ``Database.servers()`` and ``doctor`` tell each server's role, timeline
   and replay lag; the sockets get keepalives and ``TCP_USER_TIMEOUT``;
 * synchronous replication with the standby gone: a COMMIT that outlives
@@ -35,7 +37,7 @@ import aiofragno as af
 from aiofragno.cli import doctor
 from tests.conftest import Target
 from tests.faults import tcp_proxy
-from tests.pg_replication import ReplicationPair, SharedPairs
+from tests.pg_replication import PrimaryServer, ReplicationPair, SharedPairs
 
 pytestmark = pytest.mark.anyio
 
@@ -191,6 +193,39 @@ async def test_idle_connections_go_with_a_lost_one(
         # The two others were idle and fine, but on a host that just lost a
         # connection: replaced, not handed out.
         assert not (await _pids(db, 3)) & before
+
+
+async def test_a_primary_turned_read_only_is_waited_out(
+    postgresql: Target, sync_pair: ReplicationPair
+) -> None:
+    """A failover tool fences a primary with default_transaction_read_only
+    and makes it writable again (or promotes another): units wait for a
+    writable server within the deadline, they do not fail."""
+    pair, primary = sync_pair, sync_pair.primary
+    async with af.connect(pair.url(), backend=postgresql.backend, reconnect_deadline=10) as db:
+        await db.migrate(EVENTS)
+        await db.execute_uow(lambda uow: create(uow, "warm"), schema=EVENTS)  # (an idle connection)
+        key = f"fenced-{uuid.uuid4()}"
+
+        async def unit() -> None:
+            await db.execute_uow(lambda uow: create(uow, key), schema=EVENTS)
+
+        await _reconfigure(primary, "SET default_transaction_read_only = on")
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(unit)
+                await anyio.sleep(0.5)  # (the unit meets the read-only primary and waits)
+                await _reconfigure(primary, "RESET default_transaction_read_only")
+        finally:
+            await _reconfigure(primary, "RESET default_transaction_read_only")
+        assert db.stats.lost_connection_retries >= 1
+        assert (await keys(db)).count(key) == 1
+
+
+async def _reconfigure(server: PrimaryServer, change: str) -> None:
+    """``ALTER SYSTEM <change>`` on ``server``, in force for every session."""
+    for statement in (f"ALTER SYSTEM {change}", "SELECT pg_reload_conf()"):
+        await anyio.to_thread.run_sync(server.query_blocking, statement)
 
 
 async def test_a_commit_waiting_for_a_lost_sync_standby_is_settled(

@@ -68,22 +68,10 @@ async def test_upsert_then_delete_of_the_updated_row_names_it_in_the_outbox(keys
 
 async def test_upsert_updates_the_key_row_when_its_other_values_collide_elsewhere(
     keys: Env,  # noqa: F811
-    target: Target,
-    request: pytest.FixtureRequest,
 ) -> None:
     """The row holding the key named by on= is updated (only update= is
     set, so no other unique value changes), whatever other unique index
     the proposed row's values would collide on had it been inserted."""
-    if target.dialect == "mysql":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="defect: ON DUPLICATE KEY UPDATE fires on the first duplicate InnoDB "
-                "finds (here by_name, declared before by_email), so the upsert touches the "
-                "other row, matches nothing, and is refused as a UniqueViolation where "
-                "PostgreSQL and SQLite update the row holding the key",
-            )
-        )
     y1, _ = await keys.create(
         "counters", {"name": "a", "email": "e1", "count": 1}, {"name": "b", "email": "e2"}
     )
@@ -296,20 +284,9 @@ async def test_a_key_freed_by_an_update_is_taken_by_a_create_in_the_same_unit(
 
 async def test_upsert_colliding_on_an_index_counted_as_a_conflict_conflicts(
     keys: Env,  # noqa: F811
-    target: Target,
-    request: pytest.FixtureRequest,
 ) -> None:
     """conflict_on_unique applies to an upsert's collision on another
     unique index as to any write's: the unit conflicts (and runs again)."""
-    if target.dialect == "mysql":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="defect: on MySQL the collision is found by the upsert's read-back, "
-                "which raises a UniqueViolation naming no index, so conflict_on_unique "
-                "never matches it (PostgreSQL and SQLite name the index)",
-            )
-        )
     await keys.create("counters", {"name": "a", "email": "e"})
 
     async def unit(uow: af.UnitOfWork) -> None:

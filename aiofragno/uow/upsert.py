@@ -162,6 +162,13 @@ class Upsert(MutationOp):
         if self.returning:
             self.found(result.rows[0].raw)
 
+    @property
+    def written(self) -> tuple[str, bool] | None:
+        """The external id of the row written and whether the upsert
+        created it, once its statement ran in this attempt (else None)."""
+        row = self.handle._result
+        return None if row is None else (str(row), self.handle._created)
+
     def found(self, row: Sequence[Any]) -> None:
         """The row written: external id, version, internal id."""
         external_id, version, internal_id = row

@@ -37,33 +37,41 @@ async def test_checked_update_many_by_where_after_the_units_own_create(items: En
     assert rows == {"a": "t", "b": None}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: the entry chooses an upsert's mutation by looking the key up at the end "
-    "of the phase; once a later write of the unit deleted (or re-keyed) the row it updated, "
-    "the look-up finds nothing and the entry says 'update' of the id the upsert would have "
-    "created, a row that never existed. Fixing it needs the row's id captured right after "
-    "the upsert, in each dialect's words",
-)
-async def test_upsert_then_delete_of_the_updated_row_names_it_in_the_outbox(keys: Env) -> None:  # noqa: F811
-    """An upsert that updated row X, then a delete of X in the same unit:
-    the outbox entry must say "update X", not update a row that never
-    existed (the id the upsert would have created)."""
-    [x] = await keys.create("counters", {"name": "a", "count": 1})
+async def test_upsert_then_later_writes_to_its_row_the_entry_says_what_it_did(
+    keys: Env,  # noqa: F811
+) -> None:
+    """Later writes of the unit that delete an upsert's row, or move its key
+    to another row, do not change what the entry says the upsert did: it
+    updated X (then X was deleted; or X was re-keyed and a create took the
+    key) — never a row that never existed, nor the row that holds the key
+    at the end — and one that created its row says so."""
+    [x, y] = await keys.create("counters", {"name": "a", "count": 1}, {"name": "b", "count": 1})
     start = await keys.db.outbox.latest()
 
-    async def unit(uow: af.UnitOfWork) -> Any:
-        found = uow.find_first("counters", where={"name": "a"})
-        await uow.retrieve()
-        handle = uow.upsert("counters", {"name": "a", "count": 2}, on="by_name")
-        uow.delete("counters", found.result["id"])
-        return handle
+    async def unit(uow: af.UnitOfWork) -> list[af.Upserted]:
+        upserts = [uow.upsert("counters", {"name": "a", "count": 2}, on="by_name")]
+        uow.delete("counters", x)
+        upserts.append(uow.upsert("counters", {"name": "b", "count": 2}, on="by_name"))
+        uow.update("counters", y, {"name": "b-old"})
+        uow.create("counters", {"name": "b", "count": 9})
+        upserts.append(uow.upsert("counters", {"name": "c", "count": 3}, on="by_name"))
+        uow.update("counters", y, {"count": 5})
+        return upserts
 
-    handle = await keys.run(unit)
-    assert handle.created is False and handle.result == x
-    updated, deleted = await mutations(keys, start)
-    assert (deleted["op"], deleted["external_id"]) == ("delete", x)
-    assert (updated["op"], updated["external_id"]) == ("update", x)
+    on_x, on_y, made = await keys.run(unit)
+    assert [(h.created, h.result) for h in (on_x, on_y)] == [(False, x), (False, y)]
+    assert made.created
+    got = [(m["op"], m["external_id"]) for m in await mutations(keys, start)]
+    new_b = {row["name"]: row["id"] for row in await keys.find("counters")}["b"]
+    assert got == [
+        ("update", x),
+        ("delete", x),
+        ("update", y),
+        ("update", y),
+        ("create", new_b),
+        ("create", made.result),
+        ("update", y),
+    ]
 
 
 async def test_upsert_updates_the_key_row_when_its_other_values_collide_elsewhere(

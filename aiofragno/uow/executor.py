@@ -293,9 +293,9 @@ async def execute_uow(
                     settles = idempotency_key is not None or (
                         outbox and bool(_outbox_writes(uow.mutations))
                     )
-                    if not await _settled(
-                        db, uow, nonce, cast(CommitOutcomeUnknown, exc), settles, lost
-                    ):
+                    lost_commit = cast(CommitOutcomeUnknown, exc)
+                    keyed = idempotency_key is not None
+                    if not await _settled(db, uow, nonce, lost_commit, settles, keyed, lost):
                         continue
                 elif outcome is Outcome.LOST_BEFORE_COMMIT:
                     # The server rolled the phase back.
@@ -363,6 +363,7 @@ async def _settled(
     nonce: str,
     lost_commit: CommitOutcomeUnknown,
     settles: bool,
+    keyed: bool,
     lost: Deadline,
 ) -> bool:
     """After a lost COMMIT: True if the unit committed, False if it did not
@@ -373,7 +374,7 @@ async def _settled(
     if _writes(uow.mutations):
         if not settles:
             raise lost_commit
-        if not await settle(db, uow, nonce, lost_commit):
+        if not await settle(db, uow, nonce, lost_commit, keyed):
             if not await lost.wait():
                 raise ConnectionLost(
                     f"{lost_commit}; unit of work {uow.uow_id} did not commit (its "

@@ -191,17 +191,15 @@ async def test_concurrent_plain_upserts_each_entry_says_what_it_did(keys: Env) -
         assert mutation["external_id"] == row["id"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a unit without a key is recorded by its entry's uow_id (a generated id), "
-    "which the outbox keeps unique alongside the keys: a later unit given that id as its "
-    "idempotency_key (a consumer processing each entry once, say) fails on the entry's "
-    "unique uow_id, finds the first unit's entry, and raises AlreadyApplied - reported done "
-    "though it wrote nothing and no unit with that key ever ran",
-)
-async def test_a_key_equal_to_an_unkeyed_units_id_is_not_already_applied(
+async def test_a_key_equal_to_an_unkeyed_units_id_is_refused_not_already_applied(
     keys: Env,  # noqa: F811
 ) -> None:
+    """A unit without a key is recorded by its entry's generated uow_id,
+    unique like a key. A later unit given that id as its idempotency_key (a
+    consumer handling each entry once, say) never ran: it is refused with a
+    ValidationError saying how to derive a key — not AlreadyApplied, which
+    would have the consumer skip the entry as handled — and a derived key
+    works, and applies once."""
     units: list[af.UnitOfWork] = []
 
     async def event(uow: af.UnitOfWork) -> None:
@@ -214,7 +212,14 @@ async def test_a_key_equal_to_an_unkeyed_units_id_is_not_already_applied(
     async def handle(uow: af.UnitOfWork) -> None:
         uow.create("counters", {"name": "handled"})
 
-    await keys.run(handle, idempotency_key=event_id)
+    with pytest.raises(af.ValidationError, match="committed without a key") as refused:
+        await keys.run(handle, idempotency_key=event_id)
+    assert not isinstance(refused.value, af.AlreadyApplied)
+    assert await keys.count("counters") == 1
+    derived = f"consumer:{event_id}"
+    await keys.run(handle, idempotency_key=derived)
+    with pytest.raises(af.AlreadyApplied):
+        await keys.run(handle, idempotency_key=derived)
     assert await keys.count("counters") == 2
 
 

@@ -273,7 +273,17 @@ async def test_a_table_object_not_of_the_units_schema_is_refused(typed: Env) -> 
     async def bad_read(uow: af.UnitOfWork) -> None:
         uow.find(other)
 
-    for unit in (bad_write, bad_read):
+    async def bad_join(uow: af.UnitOfWork) -> None:
+        lookalike = af.Table("transfers", af.Reference("src", "accounts"))
+        uow.find(accounts, join={"outgoing": af.many(lookalike, by="src")})
+
+    async def bad_after_copies(uow: af.UnitOfWork) -> None:
+        # (each copy is compared once, then remembered; a bounded number)
+        for _ in range(70):
+            uow.find(af.Table("accounts", *account_columns()))
+        uow.find(other)
+
+    for unit in (bad_write, bad_read, bad_join, bad_after_copies):
         with pytest.raises(af.ValidationError, match="not the table of that name"):
             await typed.run(unit, on_query=queries.append)
     assert queries == [] and await typed.count("accounts") == 0

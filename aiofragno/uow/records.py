@@ -101,12 +101,20 @@ async def find_record(db: Engine, queries: Queries, uow_id: str) -> Record | Non
     rows = await queries.fetch(query)
     if not rows:
         return None
-    # A keyed unit with an entry has both records, written by the one call;
-    # the entry's tells its versionstamp.
-    row = max(rows, key=lambda r: r["versionstamp"] is not None)
-    stamp: Any = row["versionstamp"]
-    keyed = any(r["keyed"] for r in rows)
-    return Record(row["nonce"], None if stamp is None else str(stamp), keyed)
+    keys = [row for row in rows if row["keyed"]]
+    if not keys:  # (a unit without a key: its entry)
+        row = max(rows, key=lambda r: r["versionstamp"] is not None)
+        return Record(row["nonce"], _stamp(row["versionstamp"]), False)
+    # A keyed unit's call is its key's row; its entry, if any, has the same
+    # nonce and tells the versionstamp. (An entry of a unit without a key
+    # may have this id too, where the keyed unit wrote no entry.)
+    nonce = keys[0]["nonce"]
+    stamps = [r["versionstamp"] for r in rows if not r["keyed"] and r["nonce"] == nonce]
+    return Record(nonce, _stamp(max(stamps, key=lambda s: s is not None, default=None)), True)
+
+
+def _stamp(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def id_taken(key: str, versionstamp: str | None) -> ValidationError:

@@ -193,6 +193,7 @@ async def test_concurrent_plain_upserts_each_entry_says_what_it_did(keys: Env) -
 
 async def test_a_key_equal_to_an_unkeyed_units_id_is_refused_not_already_applied(
     keys: Env,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A unit without a key is recorded by its entry's generated uow_id,
     unique like a key. A later unit given that id as its idempotency_key (a
@@ -221,6 +222,31 @@ async def test_a_key_equal_to_an_unkeyed_units_id_is_refused_not_already_applied
     with pytest.raises(af.AlreadyApplied):
         await keys.run(handle, idempotency_key=derived)
     assert await keys.count("counters") == 2
+
+    # Without an entry (outbox=False) the key's row alone records the unit:
+    # it commits, and a lost COMMIT reply is settled by that row, not taken
+    # for the other unit's entry (AlreadyApplied).
+    from aiofragno.session import Session
+
+    lost = {"armed": True}
+    original = Session.commit
+
+    async def commit(self: Session, *args: Any, **kwargs: Any) -> Any:
+        result = await original(self, *args, **kwargs)
+        if lost["armed"]:
+            lost["armed"] = False
+            self.broken = True
+            raise af.CommitOutcomeUnknown("reply to COMMIT lost (test)")
+        return result
+
+    async def handle_quietly(uow: af.UnitOfWork) -> None:
+        uow.create("counters", {"name": "handled quietly"})
+
+    monkeypatch.setattr(Session, "commit", commit)
+    await keys.run(handle_quietly, idempotency_key=event_id, outbox=False)
+    assert not lost["armed"] and await keys.count("counters") == 3
+    with pytest.raises(af.AlreadyApplied):
+        await keys.run(handle_quietly, idempotency_key=event_id, outbox=False)
 
 
 async def test_upsert_and_bulk_writes_after_a_lost_commit_reply(

@@ -171,6 +171,9 @@ async def test_streaming_a_table_object(typed: Env) -> None:
         )
     ]
     assert seen == [f"o{i:02}" for i in range(25)]
+    with pytest.raises(af.ValidationError, match="page_size must be a positive int"):
+        async for _ in typed.db.stream_find(accounts, schema=TYPED, page_size=0):
+            pass
 
 
 async def test_joined_rows_with_their_declared_type(typed: Env) -> None:

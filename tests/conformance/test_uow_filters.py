@@ -181,7 +181,7 @@ async def test_hostile_input_is_refused(docs: Env) -> None:
         with pytest.raises(af.ValidationError, match=match):
             await _names(docs, [condition])
     # NUL: refused by both where the database cannot store it, else no row.
-    answers = []
+    answers: list[Any] = []
     for condition in (af.c.name == "a\x00", af.c.name.starts_with("a\x00")):
         try:
             answers.append(await _names(docs, [condition]))

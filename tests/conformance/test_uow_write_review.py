@@ -94,6 +94,17 @@ async def test_upsert_updates_the_key_row_when_its_other_values_collide_elsewher
     rows = {row["name"]: (row["email"], row["count"]) for row in await keys.find("counters")}
     assert rows == {"a": ("e1", 5), "b": ("e2", 0)}
 
+    # Setting the key's row to a value another row holds is a violation of
+    # that index, named (so conflict_on_unique counts it), as an update's.
+    async def renaming(uow: af.UnitOfWork) -> None:
+        uow.conflict_on_unique("counters", "by_name")
+        uow.upsert("counters", {"email": "e1", "name": "b"}, on="by_email", update=["name"])
+
+    with pytest.raises(af.ConcurrencyConflict):
+        await keys.run(renaming, retry=af.NoRetry())
+    after = {row["name"]: (row["email"], row["count"]) for row in await keys.find("counters")}
+    assert after == rows
+
 
 async def test_bulk_write_by_ids_of_no_row_is_row_not_found(items: Env) -> None:
     """update_many/delete_many by ids the unit never read (plain str), one

@@ -255,7 +255,7 @@ class Database(Queries):
         written meanwhile is seen in the state its page reads. An order
         column that is NULL at a page's end cannot be continued from:
         :class:`ValidationError` (order by columns that are never NULL)."""
-        check_batch_size(page_size)
+        check_batch_size(page_size, "page_size")
         after: str | None = None
         while True:
             page = await self.execute_uow(

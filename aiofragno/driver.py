@@ -425,18 +425,21 @@ class UpsertSql:
     (``{keys}``: the key's columns; ``{assignments}``): ``assign`` for each
     column set, ``bump`` for the version (``{column}``: a quoted name;
     ``{matches}``: the ``matches`` term of each key column, AND-ed — the
-    existing row holds the proposed key). ``updated_here``: where the clause
-    fires on any unique key, not only the one named, a condition true
-    right after the statement only if its update branch changed a row
-    (the row read back by the key must then be new, or this); None: the
-    clause fires on the named key alone."""
+    existing row holds the proposed key). ``unchanged``: where the clause
+    fires on the first unique key the row collides on, not only the one
+    named, a condition true right after the statement unless its update
+    branch changed a row — then the row holding the named key, if another
+    key fired, is updated by a statement of its own, and, if no row holds
+    it, the row is inserted without the clause, which fails naming the
+    index it collides on (as the named-key clause does); None: the clause
+    fires on the named key alone."""
 
     into: str = "INSERT INTO {table} AS t"
     clause: str = " ON CONFLICT ({keys}) DO UPDATE SET {assignments}"
     assign: str = "{column} = excluded.{column}"
     bump: str = "{column} = t.{column} + 1"
     matches: str = ""
-    updated_here: str | None = None
+    unchanged: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

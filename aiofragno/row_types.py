@@ -23,12 +23,15 @@ from __future__ import annotations
 import datetime
 import decimal
 import json
+import keyword
 import types
 import typing
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, Literal, NotRequired, Required, get_args, get_origin
 
+import typing_extensions as te
 from typing_extensions import ReadOnly, is_typeddict
 
 from .column_types import ArrayType, EnumType
@@ -118,11 +121,21 @@ def _hints(row: Any, where: str) -> tuple[dict[str, Any], set[str]]:
 
 
 _QUALIFIERS = (Annotated, NotRequired, Required, ReadOnly)
+_ALIAS_TYPES: tuple[type, ...] = tuple(
+    {te.TypeAliasType, getattr(typing, "TypeAliasType", te.TypeAliasType)}
+)
 
 
 def _check_column(where: str, column: Column, hint: Any) -> None:
     if column.kind == "json":
-        return  # (any type: the JSON's shape is the user's to state)
+        # Any type: the JSON's shape is the user's to state; but a nullable
+        # column's NULL reads as None, whatever the JSON.
+        if column.nullable and not _admits_none(hint):
+            raise SchemaError(
+                f"{where}: {column.name!r} is a nullable json column, which reads as None "
+                f"where it is NULL: annotate it {_spell(hint)} | None (or Any)"
+            )
+        return
     expected: Any = PYTHON_TYPES.get(column.kind)
     if column.kind == "array" and isinstance(column.arg, ArrayType):
         expected = types.GenericAlias(list, PYTHON_TYPES[column.arg.element])
@@ -133,16 +146,24 @@ def _check_column(where: str, column: Column, hint: Any) -> None:
 
 
 def _enum_as_str(where: str, column: Column, enum: EnumType, hint: Any) -> Any:
-    """A ``Literal`` of declared values (``| None``) stands for ``str``."""
+    """A ``Literal`` of every declared value (``| None``) stands for ``str``:
+    a read returns each of them, as a plain ``str`` (never an
+    ``enum.Enum`` member, even one equal to it)."""
     literals = [arg for arg in members(hint) if get_origin(arg) is Literal]
-    for literal in literals:
-        unknown = [value for value in get_args(literal) if value not in enum.values]
-        if unknown:
-            raise SchemaError(
-                f"{where}: {column.name!r} is {enum}; its Literal names other values: {unknown}"
-            )
     if not literals:
         return hint
+    named = [value for literal in literals for value in get_args(literal)]
+    unknown = [value for value in named if type(value) is not str or value not in enum.values]
+    if unknown:
+        raise SchemaError(
+            f"{where}: {column.name!r} is {enum}; its Literal names other values: {unknown}"
+        )
+    left_out = [value for value in enum.values if value not in named]
+    if left_out:
+        raise SchemaError(
+            f"{where}: {column.name!r} is {enum}, and a read may return any of its values; "
+            f"its Literal leaves out {left_out}"
+        )
     rest = [arg for arg in members(hint) if get_origin(arg) is not Literal]
     return union([str, *rest])
 
@@ -156,9 +177,35 @@ def _check_annotation(where: str, name: str, hint: Any, expected: Any, *, nullab
 
 
 def members(hint: Any) -> list[Any]:
+    """The types a hint allows, each as :func:`plain` spells it (a union's
+    members, or the hint itself)."""
+    hint = plain(hint)
     if get_origin(hint) in (typing.Union, types.UnionType):
-        return list(get_args(hint))
+        return [plain(member) for member in get_args(hint)]
     return [hint]
+
+
+def plain(hint: Any) -> Any:
+    """``hint`` without what does not change the type: ``Annotated``
+    metadata, a type alias's name (``TypeAliasType``, the ``type``
+    statement), ``typing.List`` for ``list`` — at any depth."""
+    while True:
+        if isinstance(hint, _ALIAS_TYPES):
+            hint = getattr(hint, "__value__")  # noqa: B009 (typed as object)
+        elif get_origin(hint) is Annotated:
+            hint = get_args(hint)[0]
+        else:
+            break
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return union(plain(arg) for arg in args)
+    if origin is list and args:
+        return types.GenericAlias(list, tuple(plain(arg) for arg in args))
+    return hint
+
+
+def _admits_none(hint: Any) -> bool:
+    return any(member in (type(None), Any, object) for member in members(hint))
 
 
 def union(items: Iterable[Any]) -> Any:
@@ -177,19 +224,26 @@ def _spell(hint: Any) -> str:
 
 
 def render_row_type(table: Table[Any], name: str | None = None) -> str:
-    """The TypedDict source for ``table``'s rows (``class <name>(TypedDict):``;
-    by default the table's name in CamelCase + ``Row``)."""
-    lines = [f"class {name or row_type_name(table.name)}(TypedDict):", "    id: RowId"]
+    """The TypedDict source for ``table``'s rows, named ``name`` (by
+    default :func:`row_type_name`): ``class <name>(TypedDict):``, or
+    ``<name> = TypedDict("<name>", {...})`` where a column's name is a
+    Python keyword (``class``, ``from``), which the class syntax cannot
+    spell."""
+    name = name or row_type_name(table.name)
+    keys = [("id", "RowId")]
     for column in table.columns.values():
-        spelled = _spell_column(column)
         nullable = column.nullable and column.kind != "json"  # (Any holds None)
-        lines.append(f"    {column.name}: {spelled}{' | None' if nullable else ''}")
-    return "\n".join(lines)
+        keys.append((column.name, _spell_column(column) + (" | None" if nullable else "")))
+    if any(keyword.iskeyword(key) for key, _ in keys):
+        # (Names are letters, digits and _: quoted as they are.)
+        items = "".join(f'\n        "{key}": {spelled},' for key, spelled in keys)
+        return f'{name} = TypedDict(\n    "{name}",\n    {{{items}\n    }},\n)'
+    return "\n".join([f"class {name}(TypedDict):", *(f"    {k}: {t}" for k, t in keys)])
 
 
 def render_module(schema: Schema) -> str:
     """A module of row types for every table of ``schema`` (what
-    ``aiofragno typegen`` writes)."""
+    ``aiofragno typegen`` writes), each named by :func:`row_type_names`."""
     header = [
         f'"""Row types of schema {schema.name!r}, written by aiofragno typegen."""',
         "",
@@ -202,12 +256,24 @@ def render_module(schema: Schema) -> str:
         "",
         "from aiofragno import RowId",
     ]
-    classes = [render_row_type(table) for table in schema.tables.values()]
+    names = row_type_names(schema)
+    classes = [render_row_type(table, names[table.name]) for table in schema.tables.values()]
     return "\n".join(header) + "\n\n\n" + "\n\n\n".join(classes) + "\n"
 
 
 def row_type_name(table_name: str) -> str:
+    """``order_items`` -> ``OrderItemsRow``."""
     return "".join(part[:1].upper() + part[1:] for part in table_name.split("_")) + "Row"
+
+
+def row_type_names(schema: Schema) -> dict[str, str]:
+    """Each table's row type name in a module of them all: its
+    :func:`row_type_name`, unless two tables share it (``order_item`` and
+    ``orderItem``) — then each of those is ``Row_<table name>`` (distinct,
+    since table names are, and never a CamelCase name, which has no ``_``)."""
+    names = {table: row_type_name(table) for table in schema.tables}
+    taken = Counter(names.values())
+    return {table: f"Row_{table}" if taken[name] > 1 else name for table, name in names.items()}
 
 
 def _spell_column(column: Column) -> str:

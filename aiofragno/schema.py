@@ -21,9 +21,10 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from types import MappingProxyType
 from typing import Any, Generic, overload
 
 from typing_extensions import TypeVar
@@ -328,11 +329,14 @@ class Table(Generic[RowT]):
             raise SchemaError(f"outbox= of table {name!r} must be a bool, got {outbox!r}")
         self.name = name
         self.outbox = outbox
-        self.row: type[RowT] | None = row
-        self.columns: dict[str, Column] = {}
-        self.indexes: dict[str, Index] = {}
+        self._row: type[RowT] | None = row
+        columns: dict[str, Column] = {}
+        indexes: dict[str, Index] = {}
         for item in items:
-            self._add(item)
+            self._add(item, columns, indexes)
+        # Read-only: the row type was checked against these.
+        self.columns: Mapping[str, Column] = MappingProxyType(columns)
+        self.indexes: Mapping[str, Index] = MappingProxyType(indexes)
         for index in self.indexes.values():
             for column in index.columns:
                 if column not in self.columns and column != EXTERNAL_ID:
@@ -344,19 +348,26 @@ class Table(Generic[RowT]):
 
             check_row_type(row, self)
 
-    def _add(self, item: Column | Index) -> None:
+    @property
+    def row(self) -> type[RowT] | None:
+        """The row type given as ``row=`` (checked then; it cannot change)."""
+        return self._row
+
+    def _add(
+        self, item: Column | Index, columns: dict[str, Column], indexes: dict[str, Index]
+    ) -> None:
         where = f"table {self.name!r}"
         if isinstance(item, Column):
             if item.name in RESERVED_COLUMNS:
                 raise SchemaError(
                     f"column {item.name!r} in {where} is reserved: every table has it already"
                 )
-            _check_distinct("column", item.name, [*self.columns, "id"], where)
-            self.columns[item.name] = item
+            _check_distinct("column", item.name, [*columns, "id"], where)
+            columns[item.name] = item
         elif isinstance(item, Index):
-            if item.name in self.indexes:
+            if item.name in indexes:
                 raise SchemaError(f"index {item.name!r} is declared twice in {where}")
-            self.indexes[item.name] = item
+            indexes[item.name] = item
         else:
             raise SchemaError(f"{where}: expected Column, Reference or Index, got {item!r}")
 

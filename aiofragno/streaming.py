@@ -42,10 +42,11 @@ logger = logging.getLogger("aiofragno")
 DEFAULT_BATCH_SIZE = 1000
 
 
-def check_batch_size(batch_size: object) -> int:
-    """``batch_size`` if it is a positive int, else a :class:`ValidationError`."""
+def check_batch_size(batch_size: object, name: str = "batch_size") -> int:
+    """``batch_size`` if it is a positive int, else a :class:`ValidationError`
+    naming the argument (``name``)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValidationError(f"batch_size must be a positive int, got {batch_size!r}")
+        raise ValidationError(f"{name} must be a positive int, got {batch_size!r}")
     return batch_size
 
 

@@ -5,19 +5,33 @@ that pass that check for every column type."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
+import enum
 import importlib.util
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, NotRequired, Optional, Required, TypedDict
+from typing import (  # noqa: UP035 (typing.List: one of the spellings checked)
+    Annotated,
+    Any,
+    List,
+    Literal,
+    NotRequired,
+    Optional,
+    Required,
+    TypedDict,
+    Union,
+)
 
 import pytest
+from typing_extensions import ReadOnly, TypeAliasType
 
 import aiofragno as af
 from aiofragno.cli import main
-from aiofragno.row_types import render_module
+from aiofragno.row_types import render_module, row_type_names
 
 EVERY_TYPE = af.Schema(
     "every",
@@ -169,11 +183,97 @@ class Status(TypedDict):
     status: str
 
 
-def test_an_enum_is_a_str_or_a_literal_of_declared_values() -> None:
+class Paint(enum.StrEnum):
+    NEW = "new"
+    PAID = "paid"
+
+
+def test_an_enum_is_a_str_or_a_literal_of_every_declared_value() -> None:
+    """A read returns any declared value, as a plain str: a Literal naming
+    only some (a row with another would be typed as what it is not), or
+    str-Enum members equal to them, is refused."""
     for row in (Statuses, Status):
-        af.Table("orders", af.Column("status", af.enum("new", "paid", "gone")), row=row)
+        af.Table("orders", af.Column("status", af.enum("new", "paid")), row=row)
     with pytest.raises(af.SchemaError, match=r"Literal names other values: \['paid'\]"):
         af.Table("orders", af.Column("status", af.enum("new")), row=Statuses)
+    with pytest.raises(af.SchemaError, match=r"its Literal leaves out \['gone'\]"):
+        af.Table("orders", af.Column("status", af.enum("new", "paid", "gone")), row=Statuses)
+    members = TypedDict("members", {"id": af.RowId, "status": Literal[Paint.NEW, Paint.PAID]})  # noqa: UP013
+    with pytest.raises(af.SchemaError, match="Literal names other values"):
+        af.Table("orders", af.Column("status", af.enum("new", "paid")), row=members)
+
+
+Alias = TypeAliasType("Alias", int | None)
+
+
+@pytest.mark.parametrize(
+    "hint",
+    [
+        Annotated[int, "n"] | None,
+        Optional[Annotated[int, "n"]],  # noqa: UP045 (the old spelling is the point)
+        Alias,
+        ReadOnly[int | None],
+        Union[None, int],  # noqa: UP007
+    ],
+)
+def test_a_nullable_column_in_every_spelling(hint: Any) -> None:
+    row = TypedDict("row", {"id": af.RowId, "n": hint, "a": List[int]})  # noqa: UP006, UP013
+    af.Table(
+        "t", af.Column("n", "integer", nullable=True), af.Column("a", af.array("integer")), row=row
+    )
+
+
+def test_a_nullable_json_column_admits_none() -> None:
+    """Any type states a json column's shape, but a NULL reads as None."""
+    column = af.Column("doc", "json", nullable=True)
+    rows: Any = TypedDict  # (rows built from hints: no static type to check)
+    for hint in (dict[str, Any] | None, Any, object):
+        af.Table("docs", column, row=rows("ok", {"id": af.RowId, "doc": hint}))
+    with pytest.raises(af.SchemaError, match="nullable json column"):
+        af.Table("docs", column, row=rows("lie", {"id": af.RowId, "doc": dict[str, Any]}))
+    af.Table("docs", af.Column("doc", "json"), row=rows("r", {"id": af.RowId, "doc": list[int]}))
+
+
+def test_a_table_stays_as_its_row_type_was_checked() -> None:
+    """The row type, columns and indexes of a table cannot change after the
+    check (a Schema holds the same object)."""
+    table = accounts(Accounts)
+    with pytest.raises(AttributeError):
+        table.row = Statuses  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        table.columns["email"] = af.Column("email", "string")  # type: ignore[index]
+    with pytest.raises(TypeError):
+        table.indexes["by"] = af.Index("by", ["owner"])  # type: ignore[index]
+    assert list(table.columns) == ["owner", "balance", "note"] and table.row is Accounts
+
+
+ODD = af.Schema(
+    "odd",
+    af.Table(
+        "class",
+        af.Column("from", "string"),
+        af.Column("None", "integer", nullable=True),
+        af.Column("match", af.enum("a", "b")),
+        af.Column("datetime", "date"),
+        af.Column("at", "timestamp"),
+    ),
+    af.Table("order_item", af.Column("n", "integer")),
+    af.Table("orderItem", af.Reference("async", "class", nullable=True)),
+    af.Table("plain", af.Column("type", "string")),
+)
+
+
+def test_typegen_spells_odd_names(tmp_path: Path) -> None:
+    """Column names that are keywords get the functional syntax; tables whose
+    CamelCase names would collide get distinct names; every class matches."""
+    written = render_module(ODD)
+    assert 'ClassRow = TypedDict(\n    "ClassRow",' in written
+    assert '        "from": str,\n' in written and '"async": RowId | None' in written
+    assert "class Row_order_item(TypedDict):" in written and "Row_orderItem" in written
+    assert "class PlainRow(TypedDict):\n    id: RowId\n    type: str\n" in written
+    with loaded(tmp_path / "odd_rows.py", written) as module:
+        for table, name in row_type_names(ODD).items():
+            af.Table(table, *ODD.tables[table].columns.values(), row=getattr(module, name))
 
 
 def test_typegen_writes_row_types_that_match(
@@ -192,17 +292,10 @@ def test_typegen_writes_row_types_that_match(
     assert main(["typegen", "declared:schema"]) == 0
     assert capsys.readouterr().out == render_module(EVERY_TYPE)
 
-    spec = importlib.util.spec_from_file_location("every_rows", out)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["every_rows"] = module
-    try:  # (get_type_hints resolves the annotations in the module)
-        spec.loader.exec_module(module)
+    with loaded(out, out.read_text(encoding="utf-8")) as module:
         for name, table in EVERY_TYPE.tables.items():
             row = getattr(module, "".join(part.title() for part in name.split("_")) + "Row")
             af.Table(name, *table.columns.values(), row=row)
-    finally:
-        del sys.modules["every_rows"]
     written = out.read_text(encoding="utf-8")
     assert """    e: Literal["new", "it's", "say \\"hi\\"", "naïve"]\n""" in written
     assert "    j: Any\n" in written and "    arr: list[int] | None\n" in written
@@ -215,3 +308,19 @@ def test_typegen_of_something_else_is_a_usage_error(
 ) -> None:
     assert main(["typegen", "tests.test_row_types:accounts"]) == 1
     assert "af.Schema" in capsys.readouterr().err
+
+
+@contextlib.contextmanager
+def loaded(path: Path, source: str) -> Iterator[Any]:
+    """``source`` imported as a module, in sys.modules meanwhile
+    (get_type_hints resolves a TypedDict's annotations in its module)."""
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[path.stem]

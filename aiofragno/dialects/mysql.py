@@ -125,17 +125,17 @@ ADAPTER = DialectAdapter(
         "WHERE process IS NOT NULL",
         end_process="KILL CONNECTION {process}",
         outbox_read_horizon="SELECT {v} FROM {t} WHERE {k} = {key} LOCK IN SHARE MODE",
-        # ON DUPLICATE KEY UPDATE fires on any unique key, not only the one
-        # named: each assignment applies only to a row holding the proposed
-        # key, and the row read back by that key must be the new one or one
-        # this statement updated (2 affected rows: the version always changes).
+        # ON DUPLICATE KEY UPDATE fires on the first unique key the row
+        # collides on, not only the one named: each assignment applies only
+        # to a row holding the proposed key (then 2 affected rows: the
+        # version always changes); otherwise the key's row is updated next.
         upsert=UpsertSql(
             into="INSERT INTO {table}",
             clause=" ON DUPLICATE KEY UPDATE {assignments}",
             assign="{column} = IF({matches}, VALUES({column}), {column})",
             bump="{column} = IF({matches}, {column} + 1, {column})",
             matches="{column} <=> VALUES({column})",
-            updated_here="ROW_COUNT() = 2",
+            unchanged="ROW_COUNT() <> 2",
         ),
         # "Duplicate entry 'x' for key 'name'" (MySQL 8: 'table.name').
         unique_violation=r"for key '(?:[^']*\.)?(?P<index>[^'.]+)'",

@@ -451,7 +451,9 @@ def describe(
     known only once it ran, is a token string in the mutations, and
     ``outcomes`` gets what replaces the token (with its JSON quotes) when
     the entry is written: an SQL expression, and its parameters, giving the
-    mutation as a create or as an update."""
+    mutation as a create or as an update. An upsert that already ran
+    (its ``written``; the unit's later writes could change what holds its
+    key, see :mod:`aiofragno.uow.executor`) is described by its result."""
     mutations: list[dict[str, Any] | str] = []
     ref_map: dict[str, str] = {}
     where = (schema, namespace, version)
@@ -468,8 +470,15 @@ def describe(
             mutations.append(_mutation(op, op.op, str(op.target), values, where, index, ref_map))
             continue
         upsert: Any = op  # (an Upsert; not imported: the unit of work imports this module)
-        token = f"{version}u{index:04x}"
         created = _mutation(op, "create", str(op.target), values, where, index, ref_map)
+        written = upsert.written
+        if written is not None:  # (it ran already: its own result says which)
+            external_id, was_created = written
+            if not was_created:
+                created = _mutation(op, "update", external_id, upsert.set_values, where, index, {})
+            mutations.append(created)
+            continue
+        token = f"{version}u{index:04x}"
         updated = _mutation(op, "update", token, upsert.set_values, where, index, {})
         look_up, look_up_parameters = upsert.id_sql
         parameters = [

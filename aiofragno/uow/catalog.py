@@ -196,6 +196,10 @@ def _column_info(catalog: Catalog, column: Column) -> ColumnInfo:
     return ColumnInfo(column.name, column.kind, quoted, f"{ALIAS}.{quoted}", encode, column)
 
 
+# How many af.Table objects other than the schema's own a catalog remembers.
+MAX_EQUAL_TABLES = 64
+
+
 class Catalog:
     """Everything compiled once per (Database, layout)."""
 
@@ -215,6 +219,9 @@ class Catalog:
         # (row type, table, join tree shape) already checked (see joins.check_tree_row)
         self.checked_row_types: set[Any] = set()
         self._tables: dict[str, TableInfo] = {}
+        # af.Table objects found to declare a table of the layout, by id (the
+        # object kept, so that its id is not reused): compared once each.
+        self._equal_tables: dict[int, tuple[Table[Any], TableInfo]] = {}
         # Shared by the Database's catalogs: one identity per physical table.
         self._identities = identities
 
@@ -252,10 +259,18 @@ class Catalog:
         (or declares the same): a table of another schema would be read
         through a declaration that is not its own."""
         info = self.table(table.name)
-        if info.table is not table and info.table.describe() != table.describe():
+        if info.table is table:
+            return info
+        known = self._equal_tables.get(id(table))
+        if known is not None:
+            return known[1]
+        if info.table.describe() != table.describe():
             raise ValidationError(
                 f"the af.Table {table.name!r} given is not the table of that name in the unit's "
                 "schema (a table of another schema, or declared differently): pass the "
                 "schema's own table, or its name"
             )
+        if len(self._equal_tables) >= MAX_EQUAL_TABLES:
+            self._equal_tables.clear()  # (objects made per call: bounded, not grown)
+        self._equal_tables[id(table)] = (table, info)
         return info

@@ -30,7 +30,7 @@ from ..transaction import current_transaction
 from .catalog import Catalog
 from .ops import MutationOp
 from .outcomes import Outcome, classify
-from .plans import Phase
+from .plans import Phase, resolving
 from .records import key_statement, key_taken, new_nonce, settle
 from .retry import ExponentialBackoff, RetryPolicy
 from .unit import UnitOfWork
@@ -159,7 +159,16 @@ async def run_mutations(
             notify(query)
     session = await held.get()
     phase = Phase(session, catalog, ops, entry, isolation, values, statements)
-    stamp = await db.commit_plan.commit(phase)
+    plan = db.commit_plan
+    if values is not None and values["payload_sql"] is not None and _writes_after_upsert(ops):
+        # The entry's SQL would look each upsert's row up by key at the end,
+        # after later writes may have deleted it or moved the key: bound once
+        # the operations ran, it describes each upsert by its own result.
+        late = statements
+        assert late is not None
+        phase.late_entry = lambda: late.queries(_entry_values(db, uow, catalog, nonce) or {})
+        plan = resolving(db.adapter, db.outbox_strategy)
+    stamp = await plan.commit(phase)
     if values is not None:
         uow.versionstamp = stamp
         if stamp is None:
@@ -171,6 +180,16 @@ async def run_mutations(
 def _writes(ops: Sequence[MutationOp]) -> bool:
     """Whether ``ops`` change anything (checks alone do not)."""
     return any(not op.is_read for op in ops)
+
+
+def _writes_after_upsert(ops: Sequence[MutationOp]) -> bool:
+    """Whether a write follows an unchecked upsert in ``ops``."""
+    upserted = False
+    for op in ops:
+        if upserted and not op.is_read and op.in_outbox:
+            return True
+        upserted = upserted or op.op == "upsert"
+    return False
 
 
 def _outbox_writes(ops: Sequence[MutationOp]) -> list[MutationOp]:
@@ -300,9 +319,9 @@ async def execute_uow(
                     settles = idempotency_key is not None or (
                         outbox and bool(_outbox_writes(uow.mutations))
                     )
-                    if not await _settled(
-                        db, uow, nonce, cast(CommitOutcomeUnknown, exc), settles, lost
-                    ):
+                    lost_commit = cast(CommitOutcomeUnknown, exc)
+                    keyed = idempotency_key is not None
+                    if not await _settled(db, uow, nonce, lost_commit, settles, keyed, lost):
                         continue
                 elif outcome is Outcome.LOST_BEFORE_COMMIT:
                     # The server rolled the phase back.
@@ -370,6 +389,7 @@ async def _settled(
     nonce: str,
     lost_commit: CommitOutcomeUnknown,
     settles: bool,
+    keyed: bool,
     lost: Deadline,
 ) -> bool:
     """After a lost COMMIT: True if the unit committed, False if it did not
@@ -380,7 +400,7 @@ async def _settled(
     if _writes(uow.mutations):
         if not settles:
             raise lost_commit
-        if not await settle(db, uow, nonce, lost_commit):
+        if not await settle(db, uow, nonce, lost_commit, keyed):
             if not await lost.wait():
                 raise ConnectionLost(
                     f"{lost_commit}; unit of work {uow.uow_id} did not commit (its "

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..brief import brief
 from ..errors import ValidationError
-from .compiling import Compiling
+from .compiling import Compiling, bind
 
 if TYPE_CHECKING:
     from .json_path import JsonPath
@@ -206,12 +206,15 @@ class _StartsWith(Expr):
         return ("prefix", self.column, self.fold)
 
     def render(self, ctx: Compiling) -> None:
+        # The prefix is checked as a value of the column is (lone surrogates,
+        # NUL where the database cannot store it, a varchar's length): what
+        # no stored value can start with is refused, as == refuses it.
+        ctx.check_text_column(self.column, "istarts_with" if self.fold else "starts_with")
+        bind(ctx.table, ctx.table.column(self.column), self.prefix)
         if not self.fold:
-            ctx.check_text_column(self.column, "starts_with")
             ctx.text(f"{ctx.column(self.column)} LIKE ")
             ctx.raw_value(_like_prefix(self.prefix))
         else:  # (both sides lowered by the same function; ! % _ have no case)
-            ctx.check_text_column(self.column, "istarts_with")
             lower = ctx.catalog.adapter.sql.lower
             before, after = lower.split("{x}")
             ctx.text(f"{lower.format(x=ctx.column(self.column))} LIKE {before}")

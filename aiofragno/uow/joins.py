@@ -3,8 +3,10 @@ both ways and returns nested rows (plain dicts: no identity map, no lazy
 loading; each occurrence of a joined row is a dict of its own).
 
 ``af.one("src")`` follows a reference column of the row to the row it names
-(many-to-one): that row as a dict, or None where the reference is NULL (or
-names no row any more). ``af.many("transfers", by="src")`` follows a
+(many-to-one): that row as a dict, or None where the reference is NULL. (A
+reference whose row the join's read does not find — a concurrent write
+between the find's reads, where they are separate statements — is a
+conflict: the unit runs again.) ``af.many("transfers", by="src")`` follows a
 reference backwards (one-to-many): the rows of ``transfers`` whose ``src``
 is the row, a list in the join's ``order_by`` (ties: creation order), at
 most ``limit`` per row. Joins nest (``join=`` on a join), :data:`MAX_DEPTH`
@@ -38,7 +40,7 @@ from typing import Any, get_args, get_origin
 
 from ..brief import brief
 from ..driver import CompiledQuery
-from ..errors import SchemaError, ValidationError
+from ..errors import ConcurrencyConflict, SchemaError, ValidationError
 from ..row_types import JoinCheck, check_row_type, members
 from ..schema import Table
 from .catalog import ALIAS, Catalog, TableInfo
@@ -399,10 +401,24 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
             else:
                 ref = parent[self.link]
                 row = None if ref is None else found.get(ref)
+                if row is None and ref is not None:
+                    raise self._moved(ref)
                 parent[self.key] = row = None if row is None else dict(row)
                 if row is not None:
                     attached.append(row)
         return attached
+
+    def _moved(self, ref: Any) -> ConcurrencyConflict:
+        """A reference whose row this join's read did not find: the foreign
+        key kept the row there while the parent's read saw the reference,
+        so the two reads saw different moments (separate statements, on
+        MySQL and SQLite) — a conflict, and the unit runs again; never a
+        None where the row type says there is a row."""
+        return ConcurrencyConflict(
+            f"join {self.key!r}: the {self.table.name} row {str(ref)!r} that a row read by "
+            "this find references was gone (or no longer matched) when the join read its "
+            "table: a concurrent write came between the two reads"
+        )
 
 
 def _attach(rows: list[dict[str, Any]], joins: list[JoinRead]) -> None:

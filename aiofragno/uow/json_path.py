@@ -46,6 +46,11 @@ class JsonPath:
                 f"{self.column}[{key!r}]: a JSON key holding a double quote, a backslash or "
                 "a control character cannot be addressed on every database"
             )
+        if isinstance(key, str) and not _is_unicode(key):
+            raise ValidationError(
+                f"{self.column}[{key!r}]: a JSON key with a lone surrogate is not Unicode "
+                "text, and no stored document has it"
+            )
         return JsonPath(self.column, (*self.path, key))
 
     def __eq__(self, value: Any) -> Expr:  # type: ignore[override]
@@ -71,6 +76,14 @@ class JsonPath:
 
     def _name(self) -> str:
         return self.column + "".join(f"[{key!r}]" for key in self.path)
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def path_text(path: tuple[str | int, ...]) -> str:

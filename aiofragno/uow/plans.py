@@ -25,7 +25,7 @@ the operations, their checks and COMMIT share round trips:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -58,6 +58,9 @@ class Phase:
     isolation: IsolationLevel | None
     values: dict[str, Any] | None
     statements: EntryStatements | None
+    # The record bound once the operations ran (then by :func:`resolving`'s
+    # plan only): an entry that describes upserts by their results.
+    late_entry: Callable[[], Sequence[CompiledQuery]] | None = None
 
 
 class CommitPlan(Protocol):
@@ -123,9 +126,10 @@ class StatementsThenCommit(_InTransaction):
 
     async def write_and_commit(self, phase: Phase) -> list[QueryResult]:
         check(phase.ops, await self._write(phase))
+        entry = phase.entry if phase.late_entry is None else phase.late_entry()
         # The outbox entry reserves its version (locking the counter row
         # until COMMIT), so it goes out together with the COMMIT.
-        return await phase.session.commit(phase.entry)
+        return await phase.session.commit(entry)
 
     async def _write(self, phase: Phase) -> list[QueryResult]:
         """The operations' results, cut short at the first conflict (which
@@ -263,6 +267,14 @@ def choose(adapter: DialectAdapter, outbox: OutboxStrategy | None = "counter") -
         if choice.stale_guard is None:
             raise ValueError("guarded-batch needs a stale_guard")
         return GuardedBatch(lock, choice.stale_guard)
+    return StatementsThenCommit(lock, combines=adapter.capabilities.supports_writable_cte)
+
+
+def resolving(adapter: DialectAdapter, outbox: OutboxStrategy | None) -> CommitPlan:
+    """The plan for a phase whose record is bound once the operations ran
+    (:attr:`Phase.late_entry`): the operations, their results read here,
+    then the entry with COMMIT — one round trip more than a batch."""
+    lock = adapter.sql.outbox_snapshot_lock if outbox == "counter" else None
     return StatementsThenCommit(lock, combines=adapter.capabilities.supports_writable_cte)
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..codec import utc_now
 from ..driver import CompiledQuery
-from ..errors import AlreadyApplied, CommitOutcomeUnknown, ConnectionLost
+from ..errors import AlreadyApplied, CommitOutcomeUnknown, ConnectionLost, ValidationError
 from ..migrate import SETTINGS_TABLE
 from ..outbox.tables import OUTBOX_ID, UNIT_KEYS_ID, VERSION_KEY, VERSIONS_ID
 from ..outbox.ticks import tick
@@ -44,11 +44,14 @@ def new_nonce() -> str:
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """A committed unit's record: the nonce of the call that wrote it, and
-    its outbox versionstamp (None without the outbox)."""
+    """A committed unit's record: the nonce of the call that wrote it, its
+    outbox versionstamp (None without the outbox), and whether the unit
+    was given its id as an idempotency key (it has a row in the keys
+    table; else the id was generated, and only its outbox entry has it)."""
 
     nonce: str | None
     versionstamp: str | None
+    keyed: bool
 
 
 def key_statement(db: Engine, key: str, nonce: str) -> CompiledQuery:
@@ -77,8 +80,8 @@ async def find_record(db: Engine, queries: Queries, uow_id: str) -> Record | Non
     ticked; the record is found before that too.)"""
     versioned = db.adapter.sql.outbox_ticks is not None
     query = sql(
-        "SELECT o.{n} AS nonce, {vs} AS versionstamp FROM {t} o {join} WHERE o.{u} = {id} "
-        "UNION ALL SELECT {n}, NULL FROM {keys} WHERE {k} = {id}",
+        "SELECT o.{n} AS nonce, {vs} AS versionstamp, 0 AS keyed FROM {t} o {join} "
+        "WHERE o.{u} = {id} UNION ALL SELECT {n}, NULL, 1 FROM {keys} WHERE {k} = {id}",
         n=Identifier("nonce"),
         vs=sql("COALESCE(o.{vs}, v.{vs})" if versioned else "o.{vs}", vs=VS),
         t=OUTBOX_ID,
@@ -98,11 +101,32 @@ async def find_record(db: Engine, queries: Queries, uow_id: str) -> Record | Non
     rows = await queries.fetch(query)
     if not rows:
         return None
-    # A keyed unit with an entry has both records, written by the one call;
-    # the entry's tells its versionstamp.
-    row = max(rows, key=lambda r: r["versionstamp"] is not None)
-    stamp: Any = row["versionstamp"]
-    return Record(row["nonce"], None if stamp is None else str(stamp))
+    keys = [row for row in rows if row["keyed"]]
+    if not keys:  # (a unit without a key: its entry)
+        row = max(rows, key=lambda r: r["versionstamp"] is not None)
+        return Record(row["nonce"], _stamp(row["versionstamp"]), False)
+    # A keyed unit's call is its key's row; its entry, if any, has the same
+    # nonce and tells the versionstamp. (An entry of a unit without a key
+    # may have this id too, where the keyed unit wrote no entry.)
+    nonce = keys[0]["nonce"]
+    stamps = [r["versionstamp"] for r in rows if not r["keyed"] and r["nonce"] == nonce]
+    return Record(nonce, _stamp(max(stamps, key=lambda s: s is not None, default=None)), True)
+
+
+def _stamp(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def id_taken(key: str, versionstamp: str | None) -> ValidationError:
+    """The error for an idempotency key that is the generated id of a unit
+    run without a key (its outbox entry's ``uow_id``, unique like a key)."""
+    entry = "" if versionstamp is None else f" (outbox entry {versionstamp})"
+    return ValidationError(
+        f"idempotency_key {key!r} is the uow_id of a unit of work that committed without a "
+        f"key{entry}, and unit ids are unique; this unit wrote nothing. To apply a unit once "
+        f"per such entry, derive its key from the id and what handles it (say "
+        f"'<consumer>:{key}')"
+    )
 
 
 def counter_lock(db: Engine) -> Any:
@@ -118,7 +142,9 @@ def counter_lock(db: Engine) -> Any:
     )
 
 
-async def committed(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnknown) -> bool:
+async def committed(
+    db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnknown, keyed: bool
+) -> bool:
     """Whether this call's mutation phase committed, after its connection
     broke during COMMIT (``lost``): its record exists (:mod:`.records`)
     with this call's ``nonce``. The lost server session is ended first
@@ -145,7 +171,8 @@ async def committed(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcome
         except CommitOutcomeUnknown as exc:
             # This transaction only read: losing its COMMIT loses nothing.
             raise ConnectionLost(str(exc)) from exc
-        if record is None:
+        if record is None or (keyed and not record.keyed):
+            # (A keyed unit that committed left its key's row.)
             return False
         if record.nonce != nonce:
             raise already_applied(uow.uow_id, record.versionstamp)
@@ -171,13 +198,15 @@ def already_applied(key: str, versionstamp: str | None) -> AlreadyApplied:
     )
 
 
-async def settle(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnknown) -> bool:
+async def settle(
+    db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnknown, keyed: bool
+) -> bool:
     """:func:`committed`, where every failure to tell is a
     :class:`CommitOutcomeUnknown` chained to what went wrong: the unit may
     have committed, so neither a plain error (as if nothing was done) nor a
     re-run would be true."""
     try:
-        return await committed(db, uow, nonce, lost)
+        return await committed(db, uow, nonce, lost, keyed)
     except AlreadyApplied:
         raise
     except Exception as exc:
@@ -192,11 +221,13 @@ async def settle(db: Engine, uow: UnitOfWork, nonce: str, lost: CommitOutcomeUnk
         ) from exc
 
 
-async def key_taken(db: Engine, uow: UnitOfWork, nonce: str) -> AlreadyApplied | None:
+async def key_taken(db: Engine, uow: UnitOfWork, nonce: str) -> Exception | None:
     """After a unique violation in a unit with an idempotency key: the
     :class:`AlreadyApplied` to raise when another call's record holds the
-    key, or None when the violation was another constraint (or the look-up
-    failed, which leaves the violation as the answer: nothing committed)."""
+    key (:func:`id_taken`'s error when that record is a unit's without a
+    key, whose generated id it is), or None when the violation was another
+    constraint (or the look-up failed, which leaves the violation as the
+    answer: nothing committed)."""
     try:
         with outside_transactions():
             if db.options.outbox:
@@ -206,4 +237,6 @@ async def key_taken(db: Engine, uow: UnitOfWork, nonce: str) -> AlreadyApplied |
         return None
     if record is None or record.nonce == nonce:
         return None
+    if not record.keyed:
+        return id_taken(uow.uow_id, record.versionstamp)
     return already_applied(uow.uow_id, record.versionstamp)

@@ -17,7 +17,7 @@ from .expr import Expr
 from .joins import JoinedFind, JoinedFindFirst, Joins, check_tree_row, join_reads
 from .ops import Check, Count, Create, Delete, Find, FindFirst, MutationOp, RetrievalOp, Update
 from .unique import UniqueConflicts, index_for_key, key_values, unique_index
-from .upsert import CheckAbsent, Upsert, Upserted, UpsertRead, checked_upsert, update_columns
+from .upsert import CheckAbsent, Upsert, Upserted, checked_upsert, update_columns, upsert_ops
 
 Where = Expr | Mapping[str, Any] | None
 TableRef = str | Table[Any]
@@ -385,9 +385,7 @@ class UnitOfWork:
         self._upserts.append(handle)
         if check is ...:
             op = Upsert(self._catalog, create, index, columns, handle)
-            self.mutations.append(op)
-            if not op.returning:
-                self.mutations.append(UpsertRead(self._catalog, op))
+            self.mutations += upsert_ops(self._catalog, op)
         else:
             if check is None:
                 self.unique_conflicts.add(info, index)

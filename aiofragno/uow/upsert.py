@@ -15,7 +15,7 @@ would have created (see :func:`aiofragno.outbox.writer.describe`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..driver import CompiledQuery, QueryResult
@@ -162,6 +162,13 @@ class Upsert(MutationOp):
         if self.returning:
             self.found(result.rows[0].raw)
 
+    @property
+    def written(self) -> tuple[str, bool] | None:
+        """The external id of the row written and whether the upsert
+        created it, once its statement ran in this attempt (else None)."""
+        row = self.handle._result
+        return None if row is None else (str(row), self.handle._created)
+
     def found(self, row: Sequence[Any]) -> None:
         """The row written: external id, version, internal id."""
         external_id, version, internal_id = row
@@ -169,11 +176,95 @@ class Upsert(MutationOp):
         self.handle._set(RowId(external_id, version, internal_id, self.table.identity), created)
 
 
+class KeyRowUpdate(MutationOp):
+    """Right after an :class:`Upsert` whose clause fires on whichever unique
+    key the row collides on first (:attr:`UpsertSql.unchanged
+    <aiofragno.driver.UpsertSql.unchanged>`: MySQL's ON DUPLICATE KEY
+    UPDATE): if it changed no row, it fired on another key's row, so the
+    row holding the named key — if any, and not the one it created — is
+    updated here, as an upsert by that key alone would have."""
+
+    op = "upsert_update"
+    must_match = False
+    runs_alone = True
+    in_outbox = False
+
+    def __init__(self, catalog: Catalog, upsert: Upsert, unchanged: str) -> None:
+        super().__init__(upsert.table, upsert.target)
+        table = upsert.table
+
+        def render(ctx: Compiling) -> None:
+            version = ctx.catalog.compiler.quote_identifier(VERSION)
+            ctx.text(f"UPDATE {table.sql_name} t SET ")
+            for name in upsert.update:
+                ctx.text(f"{table.columns[name].quoted} = ")
+                _value(ctx, name, upsert.values[name])
+                ctx.text(", ")
+            ctx.text(f"{version} = {version} + 1 WHERE ")
+            render_key(ctx, upsert.key)
+            ctx.text(f" AND {table.columns[EXTERNAL_ID].qualified} <> ")
+            ctx.raw_value(str(upsert.target))
+            ctx.text(f" AND {unchanged}")
+
+        self.render = render
+        self.query = _compiled(catalog, upsert, "upsert_update", render)
+
+
+class InsertAbsent(MutationOp):
+    """After :class:`KeyRowUpdate`: the upsert's row inserted without the
+    clause if no row holds the key — which happens only when the upsert's
+    clause fired on another unique key's row, so the insert fails on that
+    index, named in the database's message as an upsert by the key alone
+    would fail (``conflict_on_unique`` can then count it)."""
+
+    op = "upsert_insert"
+    must_match = False
+    runs_alone = True
+    in_outbox = False
+
+    def __init__(self, catalog: Catalog, upsert: Upsert) -> None:
+        super().__init__(upsert.table, upsert.target)
+        table = upsert.table
+
+        def render(ctx: Compiling) -> None:
+            columns = [table.columns[EXTERNAL_ID].quoted]
+            columns += [table.columns[n].quoted for n in upsert.values]
+            ctx.text(f"INSERT INTO {table.sql_name} ({', '.join(columns)}) SELECT ")
+            ctx.raw_value(str(upsert.target))
+            for name, value in upsert.values.items():
+                ctx.text(", ")
+                _value(ctx, name, value)
+            ctx.text(f" WHERE NOT EXISTS (SELECT 1 FROM {table.sql_name} t WHERE ")
+            render_key(ctx, upsert.key)
+            ctx.text(")")
+
+        self.render = render
+        self.query = _compiled(catalog, upsert, "upsert_insert", render)
+
+
+def _value(ctx: Compiling, name: str, value: Any) -> None:
+    if value is None:
+        ctx.raw_value(None)
+    else:
+        ctx.value(name, value)
+
+
+def _compiled(
+    catalog: Catalog, upsert: Upsert, kind: str, render: Callable[[Compiling], None]
+) -> CompiledQuery:
+    """``render``'s statement for ``upsert``, its text from the cache."""
+    ctx = Compiling(catalog, upsert.table, build_text=False)
+    render(ctx)
+    shape = (upsert.query.sql, kind, tuple(ctx.signature))
+    return CompiledQuery(cached_text(catalog, upsert.table, shape, render), tuple(ctx.params))
+
+
 class UpsertRead(MutationOp):
-    """Reads back the row an :class:`Upsert` wrote, where the database has
-    no RETURNING; no such row is a unique violation of another index (the
-    dialect's upsert fired on it: :attr:`UpsertSql.updated_here
-    <aiofragno.driver.UpsertSql.updated_here>`)."""
+    """Reads back the row an :class:`Upsert` wrote, by its key, where the
+    database has no RETURNING. Where the upsert's clause fires on any
+    unique key, :class:`KeyRowUpdate` and :class:`InsertAbsent` ran
+    between them: a row holding the key is then the one the upsert wrote,
+    and none holding it is a unique violation of another index."""
 
     op = "upsert_read"
     is_read = True
@@ -183,23 +274,15 @@ class UpsertRead(MutationOp):
         super().__init__(upsert.table, upsert.target)
         self.upsert = upsert
         table = upsert.table
-        updated_here = catalog.adapter.sql.upsert.updated_here
 
         def render(ctx: Compiling) -> None:
             qualified = table.columns[EXTERNAL_ID].qualified
             ctx.text(f"SELECT {qualified}, t.{ctx.catalog.compiler.quote_identifier(VERSION)}, ")
             ctx.text(f"{table.internal_id} FROM {table.sql_name} t WHERE ")
             render_key(ctx, upsert.key)
-            if updated_here is not None:
-                ctx.text(f" AND ({qualified} = ")
-                ctx.raw_value(str(upsert.target))
-                ctx.text(f" OR {updated_here})")
 
-        ctx = Compiling(catalog, table, build_text=False)
-        render(ctx)
-        key = (table.name, "upsert_read", tuple(upsert.key), tuple(ctx.signature))
         self.render = render
-        self.query = CompiledQuery(cached_text(catalog, table, key, render), tuple(ctx.params))
+        self.query = _compiled(catalog, upsert, "upsert_read", render)
 
     def take(self, result: QueryResult) -> None:
         self.upsert.found(result.rows[0].raw)
@@ -216,6 +299,23 @@ class UpsertRead(MutationOp):
             f"{self.stale()}: the row it would write collides with another row on another "
             "unique index; nothing was written"
         )
+
+
+def upsert_ops(catalog: Catalog, upsert: Upsert) -> list[MutationOp]:
+    """``upsert`` and, where the database has no RETURNING, what reads its
+    row back (and, where its clause fires on any unique key, what makes it
+    act on the named key alone)."""
+    if upsert.returning:
+        return [upsert]
+    unchanged = catalog.adapter.sql.upsert.unchanged
+    if unchanged is None:
+        return [upsert, UpsertRead(catalog, upsert)]
+    return [
+        upsert,
+        KeyRowUpdate(catalog, upsert, unchanged),
+        InsertAbsent(catalog, upsert),
+        UpsertRead(catalog, upsert),
+    ]
 
 
 class CheckAbsent(MutationOp):

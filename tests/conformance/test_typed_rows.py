@@ -163,6 +163,9 @@ async def test_streaming_a_table_object(typed: Env) -> None:
         )
     ]
     assert seen == [f"o{i:02}" for i in range(25)]
+    with pytest.raises(af.ValidationError, match="page_size must be a positive int"):
+        async for _ in typed.db.stream_find(accounts, schema=TYPED, page_size=0):
+            pass
 
 
 async def test_joined_rows_with_their_declared_type(typed: Env) -> None:
@@ -265,7 +268,17 @@ async def test_a_table_object_not_of_the_units_schema_is_refused(typed: Env) -> 
     async def bad_read(uow: af.UnitOfWork) -> None:
         uow.find(other)
 
-    for unit in (bad_write, bad_read):
+    async def bad_join(uow: af.UnitOfWork) -> None:
+        lookalike = af.Table("transfers", af.Reference("src", "accounts"))
+        uow.find(accounts, join={"outgoing": af.many(lookalike, by="src")})
+
+    async def bad_after_copies(uow: af.UnitOfWork) -> None:
+        # (each copy is compared once, then remembered; a bounded number)
+        for _ in range(70):
+            uow.find(af.Table("accounts", *account_columns()))
+        uow.find(other)
+
+    for unit in (bad_write, bad_read, bad_join, bad_after_copies):
         with pytest.raises(af.ValidationError, match="not the table of that name"):
             await typed.run(unit, on_query=queries.append)
     assert queries == [] and await typed.count("accounts") == 0
@@ -281,3 +294,46 @@ async def test_a_table_object_not_of_the_units_schema_is_refused(typed: Env) -> 
 
     with pytest.raises(af.ValidationError, match="no table 'nowhere'"):
         await typed.run(unknown)
+
+
+async def test_a_one_join_never_says_none_for_a_row_that_was_there(
+    typed: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a find's reads are separate statements (MySQL, SQLite), a
+    concurrent unit that re-points a transfer and deletes the account it
+    named, between the find's read and its join's, makes the attempt a
+    conflict (it runs again and sees the new account), not a row whose
+    ``to`` is None against its row type (``TransferTo.to: AccountRow``)."""
+    from aiofragno.session import Session
+
+    a, b, c = await typed.create(
+        "accounts", {"owner": "alice"}, {"owner": "bob"}, {"owner": "carol"}
+    )
+    [t] = await typed.create("transfers", {"src": a, "dst": b, "amount": 1})
+
+    async def move(uow: af.UnitOfWork) -> None:
+        uow.update(transfers, t, {"dst": c})
+        uow.delete(accounts, b)
+
+    original = Session.execute_batch
+    armed = {"between": True}
+
+    async def execute_batch(self: Session, queries: Any, stop: Any = None) -> Any:
+        if not (armed["between"] and len(queries) > 1):
+            return await original(self, queries, stop)
+        armed["between"] = False
+        first = await original(self, queries[:1], stop)
+        await typed.run(move)  # (on another connection)
+        return [*first, *await original(self, queries[1:], stop)]
+
+    async def read(uow: af.UnitOfWork) -> Any:
+        found = uow.find_first(transfers, join={"to": af.one("dst")}, row=TransferTo)
+        await uow.retrieve()
+        return found.result
+
+    monkeypatch.setattr(Session, "execute_batch", execute_batch)
+    conflicts = typed.db.stats.conflicts
+    row = await typed.run(read)
+    raced = not armed["between"]  # (PostgreSQL: one statement, nothing between)
+    assert row is not None and row["to"]["owner"] == ("carol" if raced else "bob")
+    assert typed.db.stats.conflicts == conflicts + raced

@@ -161,6 +161,7 @@ async def test_hostile_input_is_refused(docs: Env) -> None:
         (lambda: meta["k"] != 1, "~"),
         (lambda: af.c.name.istarts_with(3), "takes a str"),
         (lambda: list(meta), "not iterable"),
+        (lambda: meta["\ud800"], "lone surrogate"),
     ]
     for make, match in at_the_call:
         with pytest.raises((af.ValidationError, TypeError), match=match):
@@ -172,7 +173,18 @@ async def test_hostile_input_is_refused(docs: Env) -> None:
         (af.c.n.in_([1, "2"]), r"docs\.n"),
         (af.c.name == 1, r"docs\.name"),
         (af.c._id == 1, "internal"),
+        # A prefix is checked as a value of its column is (not left to the driver).
+        (af.c.name.starts_with("a\ud800"), "lone surrogate"),
+        (af.c.name.istarts_with("\udc80"), "lone surrogate"),
     ]
     for condition, match in at_retrieve:
         with pytest.raises(af.ValidationError, match=match):
             await _names(docs, [condition])
+    # NUL: refused by both where the database cannot store it, else no row.
+    answers: list[Any] = []
+    for condition in (af.c.name == "a\x00", af.c.name.starts_with("a\x00")):
+        try:
+            answers.append(await _names(docs, [condition]))
+        except af.ValidationError as exc:
+            answers.append(str(exc))
+    assert answers[0] == answers[1]

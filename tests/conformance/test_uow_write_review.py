@@ -37,53 +37,49 @@ async def test_checked_update_many_by_where_after_the_units_own_create(items: En
     assert rows == {"a": "t", "b": None}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: the entry chooses an upsert's mutation by looking the key up at the end "
-    "of the phase; once a later write of the unit deleted (or re-keyed) the row it updated, "
-    "the look-up finds nothing and the entry says 'update' of the id the upsert would have "
-    "created, a row that never existed. Fixing it needs the row's id captured right after "
-    "the upsert, in each dialect's words",
-)
-async def test_upsert_then_delete_of_the_updated_row_names_it_in_the_outbox(keys: Env) -> None:  # noqa: F811
-    """An upsert that updated row X, then a delete of X in the same unit:
-    the outbox entry must say "update X", not update a row that never
-    existed (the id the upsert would have created)."""
-    [x] = await keys.create("counters", {"name": "a", "count": 1})
+async def test_upsert_then_later_writes_to_its_row_the_entry_says_what_it_did(
+    keys: Env,  # noqa: F811
+) -> None:
+    """Later writes of the unit that delete an upsert's row, or move its key
+    to another row, do not change what the entry says the upsert did: it
+    updated X (then X was deleted; or X was re-keyed and a create took the
+    key) — never a row that never existed, nor the row that holds the key
+    at the end — and one that created its row says so."""
+    [x, y] = await keys.create("counters", {"name": "a", "count": 1}, {"name": "b", "count": 1})
     start = await keys.db.outbox.latest()
 
-    async def unit(uow: af.UnitOfWork) -> Any:
-        found = uow.find_first("counters", where={"name": "a"})
-        await uow.retrieve()
-        handle = uow.upsert("counters", {"name": "a", "count": 2}, on="by_name")
-        uow.delete("counters", found.result["id"])
-        return handle
+    async def unit(uow: af.UnitOfWork) -> list[af.Upserted]:
+        upserts = [uow.upsert("counters", {"name": "a", "count": 2}, on="by_name")]
+        uow.delete("counters", x)
+        upserts.append(uow.upsert("counters", {"name": "b", "count": 2}, on="by_name"))
+        uow.update("counters", y, {"name": "b-old"})
+        uow.create("counters", {"name": "b", "count": 9})
+        upserts.append(uow.upsert("counters", {"name": "c", "count": 3}, on="by_name"))
+        uow.update("counters", y, {"count": 5})
+        return upserts
 
-    handle = await keys.run(unit)
-    assert handle.created is False and handle.result == x
-    updated, deleted = await mutations(keys, start)
-    assert (deleted["op"], deleted["external_id"]) == ("delete", x)
-    assert (updated["op"], updated["external_id"]) == ("update", x)
+    on_x, on_y, made = await keys.run(unit)
+    assert [(h.created, h.result) for h in (on_x, on_y)] == [(False, x), (False, y)]
+    assert made.created
+    got = [(m["op"], m["external_id"]) for m in await mutations(keys, start)]
+    new_b = {row["name"]: row["id"] for row in await keys.find("counters")}["b"]
+    assert got == [
+        ("update", x),
+        ("delete", x),
+        ("update", y),
+        ("update", y),
+        ("create", new_b),
+        ("create", made.result),
+        ("update", y),
+    ]
 
 
 async def test_upsert_updates_the_key_row_when_its_other_values_collide_elsewhere(
     keys: Env,  # noqa: F811
-    target: Target,
-    request: pytest.FixtureRequest,
 ) -> None:
     """The row holding the key named by on= is updated (only update= is
     set, so no other unique value changes), whatever other unique index
     the proposed row's values would collide on had it been inserted."""
-    if target.dialect == "mysql":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="defect: ON DUPLICATE KEY UPDATE fires on the first duplicate InnoDB "
-                "finds (here by_name, declared before by_email), so the upsert touches the "
-                "other row, matches nothing, and is refused as a UniqueViolation where "
-                "PostgreSQL and SQLite update the row holding the key",
-            )
-        )
     y1, _ = await keys.create(
         "counters", {"name": "a", "email": "e1", "count": 1}, {"name": "b", "email": "e2"}
     )
@@ -97,6 +93,17 @@ async def test_upsert_updates_the_key_row_when_its_other_values_collide_elsewher
     assert (handle.created, handle.result) == (False, y1)
     rows = {row["name"]: (row["email"], row["count"]) for row in await keys.find("counters")}
     assert rows == {"a": ("e1", 5), "b": ("e2", 0)}
+
+    # Setting the key's row to a value another row holds is a violation of
+    # that index, named (so conflict_on_unique counts it), as an update's.
+    async def renaming(uow: af.UnitOfWork) -> None:
+        uow.conflict_on_unique("counters", "by_name")
+        uow.upsert("counters", {"email": "e1", "name": "b"}, on="by_email", update=["name"])
+
+    with pytest.raises(af.ConcurrencyConflict):
+        await keys.run(renaming, retry=af.NoRetry())
+    after = {row["name"]: (row["email"], row["count"]) for row in await keys.find("counters")}
+    assert after == rows
 
 
 async def test_bulk_write_by_ids_of_no_row_is_row_not_found(items: Env) -> None:
@@ -195,17 +202,16 @@ async def test_concurrent_plain_upserts_each_entry_says_what_it_did(keys: Env) -
         assert mutation["external_id"] == row["id"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a unit without a key is recorded by its entry's uow_id (a generated id), "
-    "which the outbox keeps unique alongside the keys: a later unit given that id as its "
-    "idempotency_key (a consumer processing each entry once, say) fails on the entry's "
-    "unique uow_id, finds the first unit's entry, and raises AlreadyApplied - reported done "
-    "though it wrote nothing and no unit with that key ever ran",
-)
-async def test_a_key_equal_to_an_unkeyed_units_id_is_not_already_applied(
+async def test_a_key_equal_to_an_unkeyed_units_id_is_refused_not_already_applied(
     keys: Env,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A unit without a key is recorded by its entry's generated uow_id,
+    unique like a key. A later unit given that id as its idempotency_key (a
+    consumer handling each entry once, say) never ran: it is refused with a
+    ValidationError saying how to derive a key — not AlreadyApplied, which
+    would have the consumer skip the entry as handled — and a derived key
+    works, and applies once."""
     units: list[af.UnitOfWork] = []
 
     async def event(uow: af.UnitOfWork) -> None:
@@ -218,8 +224,40 @@ async def test_a_key_equal_to_an_unkeyed_units_id_is_not_already_applied(
     async def handle(uow: af.UnitOfWork) -> None:
         uow.create("counters", {"name": "handled"})
 
-    await keys.run(handle, idempotency_key=event_id)
+    with pytest.raises(af.ValidationError, match="committed without a key") as refused:
+        await keys.run(handle, idempotency_key=event_id)
+    assert not isinstance(refused.value, af.AlreadyApplied)
+    assert await keys.count("counters") == 1
+    derived = f"consumer:{event_id}"
+    await keys.run(handle, idempotency_key=derived)
+    with pytest.raises(af.AlreadyApplied):
+        await keys.run(handle, idempotency_key=derived)
     assert await keys.count("counters") == 2
+
+    # Without an entry (outbox=False) the key's row alone records the unit:
+    # it commits, and a lost COMMIT reply is settled by that row, not taken
+    # for the other unit's entry (AlreadyApplied).
+    from aiofragno.session import Session
+
+    lost = {"armed": True}
+    original = Session.commit
+
+    async def commit(self: Session, *args: Any, **kwargs: Any) -> Any:
+        result = await original(self, *args, **kwargs)
+        if lost["armed"]:
+            lost["armed"] = False
+            self.broken = True
+            raise af.CommitOutcomeUnknown("reply to COMMIT lost (test)")
+        return result
+
+    async def handle_quietly(uow: af.UnitOfWork) -> None:
+        uow.create("counters", {"name": "handled quietly"})
+
+    monkeypatch.setattr(Session, "commit", commit)
+    await keys.run(handle_quietly, idempotency_key=event_id, outbox=False)
+    assert not lost["armed"] and await keys.count("counters") == 3
+    with pytest.raises(af.AlreadyApplied):
+        await keys.run(handle_quietly, idempotency_key=event_id, outbox=False)
 
 
 async def test_upsert_and_bulk_writes_after_a_lost_commit_reply(
@@ -296,20 +334,9 @@ async def test_a_key_freed_by_an_update_is_taken_by_a_create_in_the_same_unit(
 
 async def test_upsert_colliding_on_an_index_counted_as_a_conflict_conflicts(
     keys: Env,  # noqa: F811
-    target: Target,
-    request: pytest.FixtureRequest,
 ) -> None:
     """conflict_on_unique applies to an upsert's collision on another
     unique index as to any write's: the unit conflicts (and runs again)."""
-    if target.dialect == "mysql":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="defect: on MySQL the collision is found by the upsert's read-back, "
-                "which raises a UniqueViolation naming no index, so conflict_on_unique "
-                "never matches it (PostgreSQL and SQLite name the index)",
-            )
-        )
     await keys.create("counters", {"name": "a", "email": "e"})
 
     async def unit(uow: af.UnitOfWork) -> None:

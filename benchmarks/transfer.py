@@ -78,6 +78,7 @@ from aiofragno.outbox.ticks import tick
 from aiofragno.schema import new_external_id
 
 from . import _common as common
+from . import _sqlalchemy as sa
 from ._common import POOL_SIZE, SCHEMA, Backoff, Target, asyncmy_options, owner
 from .cpu_meter import NO_CPU, CpuSample, CpuUsed, server_commands
 
@@ -525,54 +526,18 @@ class RawSqliteThread(RawSqlite):
 
 class SqlAlchemy(Variant):
     name = "sqlalchemy"
-    DRIVERS = {"postgresql": "asyncpg", "mysql": "asyncmy", "sqlite": "aiosqlite"}
 
     async def open(self, admin: af.Database) -> None:
-        from sqlalchemy import event, select
-        from sqlalchemy.engine import URL
-        from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+        from sqlalchemy import select
+        from sqlalchemy.ext.asyncio import async_sessionmaker
         from sqlalchemy.orm.exc import StaleDataError
-        from sqlalchemy.pool import AsyncAdaptedQueuePool
 
         self.stale = StaleDataError
         self.select = select
-        self.driver = self.DRIVERS[self.target.dialect]
+        self.driver = sa.DRIVERS[self.target.dialect]
         self.Account, self.Transfer = _sqlalchemy_models(common.names(admin))
-        url = self.target.parsed
-        drivername = f"{self.target.dialect}+{self.driver}"
-        if self.target.dialect == "sqlite":
-            sa_url = URL.create(drivername, database=url.database)
-        else:
-            sa_url = URL.create(
-                drivername,
-                username=url.username,
-                password=url.password,
-                host=url.host,
-                port=url.port,
-                database=url.database,
-                query={"charset": "utf8mb4"} if self.target.dialect == "mysql" else {},
-            )
-        self.engine = create_async_engine(
-            sa_url, poolclass=AsyncAdaptedQueuePool, pool_size=POOL_SIZE, max_overflow=0
-        )
-        if self.target.dialect == "sqlite":
-
-            @event.listens_for(self.engine.sync_engine, "connect")
-            def pragmas(dbapi_connection: Any, record: Any) -> None:
-                cursor = dbapi_connection.cursor()
-                for pragma in (
-                    f"PRAGMA busy_timeout = {int(common.SQLITE_BUSY_TIMEOUT * 1000)}",
-                    "PRAGMA foreign_keys = ON",
-                    "PRAGMA journal_mode = WAL",
-                ):
-                    cursor.execute(pragma)
-                cursor.close()
-
+        self.engine = await sa.engine(self.target)
         self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
-        # Open the pool's connections now, as the other variants do.
-        async with contextlib.AsyncExitStack() as stack:
-            for _ in range(POOL_SIZE):
-                await stack.enter_async_context(self.engine.connect())
 
     async def close(self) -> None:
         await self.engine.dispose()

@@ -12,6 +12,7 @@ render would bind them.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 from abc import ABC, abstractmethod
@@ -276,10 +277,7 @@ class ReadRows(RetrievalOp[ResultT]):
         )
 
     def _cursor_key(self) -> str:
-        # The physical table: a cursor from the same table in another
-        # namespace is no position in this one.
-        text = json.dumps([self.table.identity.physical, self.order])
-        return hashlib.sha1(text.encode()).hexdigest()[:8]
+        return _cursor_key(self.table.identity.physical, self.order)
 
     def shape(self) -> Any:
         return (
@@ -373,6 +371,15 @@ class ReadRows(RetrievalOp[ResultT]):
             self.select,
         )
         return CompiledQuery(cached_text(catalog, table, key, self.render), tuple(params))
+
+
+@functools.lru_cache(maxsize=1024)
+def _cursor_key(physical: tuple[str, ...], order: tuple[tuple[str, bool], ...]) -> str:
+    """What a cursor names its table and order by. The physical table: a
+    cursor from the same table in another namespace is no position in this
+    one. (Cached: every page with a next one makes a cursor.)"""
+    text = json.dumps([physical, order])
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
 class Find(ReadRows[FindResult[RowT]]):

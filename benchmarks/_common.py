@@ -117,6 +117,39 @@ def asyncmy_options(url: str) -> dict[str, Any]:
     }
 
 
+async def asyncpg_pool(target: Target, size: int = POOL_SIZE) -> Any:
+    """An asyncpg pool on ``target`` of ``size`` connections, opened now,
+    that sends nothing on release (its default reset query would be one more
+    round trip per checkout, which aiofragno does not make either)."""
+    import asyncpg
+
+    url = target.parsed
+
+    async def no_reset(conn: Any) -> None:
+        pass
+
+    return await asyncpg.create_pool(
+        host=url.host,
+        port=url.port,
+        user=url.username,
+        password=url.password,
+        database=url.database,
+        min_size=size,
+        max_size=size,
+        reset=no_reset,
+    )
+
+
+async def asyncmy_pool(target: Target, size: int = POOL_SIZE, **options: Any) -> Any:
+    """An asyncmy pool on ``target`` of ``size`` connections (utf8mb4,
+    autocommit), opened now."""
+    import asyncmy
+
+    return await asyncmy.create_pool(
+        **asyncmy_options(target.url), charset="utf8mb4", minsize=size, maxsize=size, **options
+    )
+
+
 @contextlib.asynccontextmanager
 async def target(dialect: str, tmpdir: Path) -> AsyncIterator[Target | None]:
     """The Target for ``dialect`` (None, with a message, when its server is down)."""

@@ -5,7 +5,8 @@ On each backend: the transfer workload's 1,000 accounts; each read is
 ``COUNT(*), SUM(balance), MAX(balance)`` of the accounts at or above a
 random balance threshold — through ``db.execute_uow`` with ``uow.aggregate``
 (one unit per read: its retrieval phase, no writes), and on the raw driver
-(asyncpg, asyncmy, aiosqlite; one connection, the statement written by
+(asyncpg and asyncmy: a connection from the driver's pool per read, asyncpg's
+without a reset query; aiosqlite: one connection; the statement written by
 hand, its SUM turned into an int as aiofragno does), through SQLAlchemy 2
 Core (a ``select()`` of ``func.count/sum/max`` on ``engine.connect()``) and
 its ORM (the same over the mapped class in an ``AsyncSession`` per read;
@@ -89,31 +90,26 @@ async def raw_read(target: common.Target, table: str) -> tuple[Read, Callable[[]
     """The hand-written read on the raw driver, and how to close it."""
     sql = "SELECT COUNT(*), SUM(balance), MAX(balance) FROM {t} WHERE balance >= {p}"
     if target.dialect == "postgresql":
-        import asyncpg
-
-        url = target.parsed
-        conn = await asyncpg.connect(
-            host=url.host, port=url.port, user=url.username, database=url.database
-        )
+        pool = await common.asyncpg_pool(target, 1)
         text = sql.format(t=table, p="$1")
 
         async def read_pg(threshold: int) -> tuple[int, int | None, int | None]:
-            return _ints(await conn.fetchrow(text, threshold))
+            async with pool.acquire() as conn:
+                return _ints(await conn.fetchrow(text, threshold))
 
-        return read_pg, conn.close
+        return read_pg, pool.close
     if target.dialect == "mysql":
-        import asyncmy
-
-        my = await asyncmy.connect(**common.asyncmy_options(target.url))
+        my = await common.asyncmy_pool(target, 1)
         text = sql.format(t=table, p="%s")
 
         async def read_my(threshold: int) -> tuple[int, int | None, int | None]:
-            async with my.cursor() as cursor:
+            async with my.acquire() as conn, conn.cursor() as cursor:
                 await cursor.execute(text, (threshold,))
                 return _ints(await cursor.fetchone())
 
         async def close_my() -> None:
             my.close()
+            await my.wait_closed()
 
         return read_my, close_my
     import aiosqlite

@@ -10,7 +10,8 @@ retrieve with one find per account (one more round trip).
 raw: hand-written code on the driver, as a repository function would do it:
 the accounts (``WHERE owner >= ? ORDER BY owner LIMIT N``), then each one's
 transfers (``WHERE src = ? ORDER BY seq DESC LIMIT 10``, the references'
-external ids joined), 1 + N statements on one connection, and the same
+external ids joined), 1 + N statements on a connection from the driver's pool (asyncpg: no
+reset query on release, as in ``benchmarks.transfer``), and the same
 result shape: a dict per account with its transfers as a list of dicts
 (asyncpg ``dict(record)``; asyncmy and sqlite3 ``dict(zip(columns, row))``)
 — values as the driver decodes them (ids as str, not RowIds with versions).
@@ -184,34 +185,28 @@ def _nested(account: dict[str, Any], recent: list[dict[str, Any]]) -> dict[str, 
 
 
 async def raw_asyncpg(target: common.Target, db: af.Database, page: int) -> tuple[Read, Any]:
-    import asyncpg
-
-    url = target.parsed
-    conn = await asyncpg.connect(
-        host=url.host, port=url.port, user=url.username, database=url.database
-    )
+    pool = await common.asyncpg_pool(target, 1)
     account_sql, recent_sql = raw_sql(db, "$1", page)
 
     async def read(owner: str) -> Any:
-        rows = [
-            _nested(dict(account), list(map(dict, await conn.fetch(recent_sql, account[0]))))
-            for account in await conn.fetch(account_sql, owner)
-        ]
+        async with pool.acquire() as conn:
+            rows = [
+                _nested(dict(account), list(map(dict, await conn.fetch(recent_sql, account[0]))))
+                for account in await conn.fetch(account_sql, owner)
+            ]
         assert len(rows) == page
         return rows
 
-    return read, conn.close
+    return read, pool.close
 
 
 async def raw_asyncmy(target: common.Target, db: af.Database, page: int) -> tuple[Read, Any]:
-    import asyncmy
-
-    conn = await asyncmy.connect(**common.asyncmy_options(target.url), charset="utf8mb4")
+    pool = await common.asyncmy_pool(target, 1)
     account_sql, recent_sql = raw_sql(db, "%s", page)
 
     async def read(owner: str) -> Any:
         rows = []
-        async with conn.cursor() as cursor:
+        async with pool.acquire() as conn, conn.cursor() as cursor:
             await cursor.execute(account_sql, (owner,))
             for account in await cursor.fetchall():
                 await cursor.execute(recent_sql, (account[0],))
@@ -223,7 +218,8 @@ async def raw_asyncmy(target: common.Target, db: af.Database, page: int) -> tupl
         return rows
 
     async def close() -> None:
-        await conn.ensure_closed()
+        pool.close()
+        await pool.wait_closed()
 
     return read, close
 

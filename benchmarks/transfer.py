@@ -79,7 +79,7 @@ from aiofragno.schema import new_external_id
 
 from . import _common as common
 from . import _sqlalchemy as sa
-from ._common import POOL_SIZE, SCHEMA, Backoff, Target, asyncmy_options, owner
+from ._common import POOL_SIZE, SCHEMA, Backoff, Target, owner
 from .cpu_meter import NO_CPU, CpuSample, CpuUsed, server_commands
 
 WARMUP = 100
@@ -328,23 +328,7 @@ class RawAsyncpg(Raw):
     placeholder = staticmethod(lambda i: f"${i}")
 
     async def connect(self) -> None:
-        import asyncpg
-
-        url = self.target.parsed
-
-        async def no_reset(conn: Any) -> None:
-            pass
-
-        self.pool = await asyncpg.create_pool(
-            host=url.host,
-            port=url.port,
-            user=url.username,
-            password=url.password,
-            database=url.database,
-            min_size=POOL_SIZE,
-            max_size=POOL_SIZE,
-            reset=no_reset,
-        )
+        self.pool = await common.asyncpg_pool(self.target)
 
     async def close(self) -> None:
         await self.pool.close()
@@ -376,16 +360,9 @@ class RawAsyncmy(Raw):
     placeholder = staticmethod(lambda i: "%s")
 
     async def connect(self) -> None:
-        import asyncmy
         from asyncmy.constants import CLIENT
 
-        self.pool = await asyncmy.create_pool(
-            **asyncmy_options(self.target.url),
-            charset="utf8mb4",
-            client_flag=CLIENT.FOUND_ROWS,
-            minsize=POOL_SIZE,
-            maxsize=POOL_SIZE,
-        )
+        self.pool = await common.asyncmy_pool(self.target, client_flag=CLIENT.FOUND_ROWS)
 
     async def close(self) -> None:
         self.pool.close()

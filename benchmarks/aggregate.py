@@ -16,9 +16,7 @@ aiofragno's raw SQL (``db.fetch``). All give the same answers (checked
 first). They run interleaved in rounds (warm-up excluded; every other
 round in reverse order); the tables give reads/s (median over rounds) and
 the aggregate's ratio to each other variant per round (median and range;
-1.0: as fast). On SQLite aiofragno sums an integer column as its two
-32-bit halves (exact past 64 bits), so its statement does one more SUM than
-the others. JSON in ``benchmarks/results/``.
+1.0: as fast). JSON in ``benchmarks/results/``.
 
     python -m benchmarks.aggregate [--backend all|sqlite|postgresql|mysql] [-n 2000] [--rounds 5] \\
         [--json PATH]

@@ -3,7 +3,8 @@ af.fn.sum("balance"), "n": af.fn.count()}, where=..., group_by=[...])``.
 
 Results are exact and the same on every backend: a count is an int; a sum
 of integers an int (never a float or a Decimal, and never an overflow: on
-SQLite it is summed as two 32-bit halves); a sum of decimals a Decimal;
+SQLite, whose SUM fails past 64 bits, the reads then run again with the
+sum as two 32-bit halves); a sum of decimals a Decimal;
 min and max a value of the column's type, decoded as in a row; an average
 a Decimal, computed from the exact sum and count. (Decimals stored as text,
 on SQLite, are aggregated by functions the dialect provides:

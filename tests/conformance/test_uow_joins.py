@@ -333,7 +333,7 @@ def _bad_joins() -> list[tuple[str, dict[str, Any], dict[str, Any], str]]:
         ("transfers", {}, {"x": af.one("amount")}, "is no reference"),
         ("transfers", {}, {"x": af.one(5)}, "column names are str"),  # type: ignore[arg-type]
         ("accounts", {}, {"x": af.many("transfers", by=5)}, "by= names"),  # type: ignore[arg-type]
-        ("accounts", {}, {"x": af.many(["transfers"], by="src")}, "table names are str"),  # type: ignore[arg-type]
+        ("accounts", {}, {"x": af.many(["transfers"], by="src")}, "a table is its name"),  # type: ignore[arg-type]
         ("transfers", {}, {"x": af.one("_id")}, "internal"),
         ("accounts", {}, {"x": af.many("nope", by="src")}, "has no table 'nope'"),
         ("accounts", {}, {"x": af.many("transfers", by="amount")}, "no reference to 'accounts'"),

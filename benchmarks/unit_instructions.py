@@ -184,9 +184,8 @@ def aiofragno_operation(
                 af.sql("SELECT _id, balance FROM {t} WHERE owner = {o}", t=accounts, o="a")
             )
             await tx.execute(
-                af.sql(
-                    "UPDATE {t} SET balance = balance - 1 WHERE _id = {i}", t=accounts, i=row["_id"]
-                )
+                af.sql("UPDATE {t} SET balance = balance - 1 WHERE _id = {i}", t=accounts,
+                       i=row["_id"])
             )
             await tx.execute(
                 af.sql("INSERT INTO {t} (id, _version, src, dst, amount) "
@@ -353,9 +352,7 @@ def cpu_main(args: argparse.Namespace, trees: list[Path], workloads: list[str]) 
                 continue
             ratios = [r / a for r, a in zip(samples[tree, raw], samples[tree, name], strict=True)]
             ratio = statistics.median(ratios)
-            results.append(
-                {"workload": name, "tree": str(tree), "raw_over_aiofragno": round(ratio, 2)}
-            )
+            results.append({"workload": name, "tree": str(tree), "raw_over_aiofragno": round(ratio, 2)})
             print(f"{raw} / {name} {tree}: {ratio:.2f} (median of rounds)", flush=True)
     if args.json:
         config = {
@@ -390,7 +387,9 @@ def main() -> None:
     for name in workloads:
         for tree in trees:
             started = time.monotonic()
-            small, large = (count(tree, args.backend, name, n, args.outbox) for n in (SMALL, LARGE))
+            small, large = (
+                count(tree, args.backend, name, n, args.outbox) for n in (SMALL, LARGE)
+            )
             per_operation = (large - small) / (LARGE - SMALL)
             results.append(
                 {

@@ -347,6 +347,12 @@ class SqlSnippets:
     # and of its low 32 bits (the total is high * 2**32 + low), where SUM
     # would fail past 64 bits (SQLite). None: SUM({x}) is exact (a numeric).
     int_sum_halves: tuple[str, str] | None = None
+    # What SUM of integers fails with past 64 bits where it fails instead of
+    # giving a numeric (SQLite: "integer overflow"). Set: an integer sum is
+    # one SUM({x}), and after that error the reads run again with
+    # int_sum_halves (a sum this large is rare; two sums cost every read).
+    # None: int_sum_halves always, where set.
+    int_sum_overflow: str | None = None
     # An exact aggregate of a decimal column stored as text
     # (StorageProfile.decimal "text"; {function}: sum, min or max; {x}: the
     # column), giving the value as text. None: such decimals are not

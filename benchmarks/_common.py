@@ -21,6 +21,7 @@ import os
 import platform
 import random
 import sqlite3
+import statistics
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -114,6 +115,39 @@ def asyncmy_options(url: str) -> dict[str, Any]:
         "db": parsed.database,
         "autocommit": True,
     }
+
+
+async def asyncpg_pool(target: Target, size: int = POOL_SIZE) -> Any:
+    """An asyncpg pool on ``target`` of ``size`` connections, opened now,
+    that sends nothing on release (its default reset query would be one more
+    round trip per checkout, which aiofragno does not make either)."""
+    import asyncpg
+
+    url = target.parsed
+
+    async def no_reset(conn: Any) -> None:
+        pass
+
+    return await asyncpg.create_pool(
+        host=url.host,
+        port=url.port,
+        user=url.username,
+        password=url.password,
+        database=url.database,
+        min_size=size,
+        max_size=size,
+        reset=no_reset,
+    )
+
+
+async def asyncmy_pool(target: Target, size: int = POOL_SIZE, **options: Any) -> Any:
+    """An asyncmy pool on ``target`` of ``size`` connections (utf8mb4,
+    autocommit), opened now."""
+    import asyncmy
+
+    return await asyncmy.create_pool(
+        **asyncmy_options(target.url), charset="utf8mb4", minsize=size, maxsize=size, **options
+    )
 
 
 @contextlib.asynccontextmanager
@@ -293,6 +327,30 @@ class Backoff:
 
 
 # -- statistics and output -----------------------------------------------------
+
+
+async def interleaved(
+    runs: Mapping[str, Callable[[], Awaitable[float]]], rounds: int
+) -> dict[str, list[float]]:
+    """Each run's result (a rate) per round: the runs in turn, every other
+    round in reverse order, so that machine noise hits all alike and no run
+    always follows the same other."""
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    order = list(runs.items())
+    for i in range(rounds):
+        for name, run in order if i % 2 == 0 else reversed(order):
+            rates[name].append(await run())
+    return rates
+
+
+def round_ratios(rates: Mapping[str, Sequence[float]], a: str, b: str) -> dict[str, float]:
+    """Rate ``a`` over rate ``b`` in the same round: median, min and max over rounds."""
+    ratios = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def ratio_cell(r: Mapping[str, float]) -> str:
+    return f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})"
 
 
 def percentile(values: Sequence[float], p: float) -> float:

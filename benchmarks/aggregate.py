@@ -5,16 +5,21 @@ On each backend: the transfer workload's 1,000 accounts; each read is
 ``COUNT(*), SUM(balance), MAX(balance)`` of the accounts at or above a
 random balance threshold — through ``db.execute_uow`` with ``uow.aggregate``
 (one unit per read: its retrieval phase, no writes), and on the raw driver
-(asyncpg, asyncmy, aiosqlite; one connection, the statement written by
-hand, its SUM turned into an int as aiofragno does) — and, to tell what
+(asyncpg and asyncmy: a connection from the driver's pool per read, asyncpg's
+without a reset query; aiosqlite: one connection; the statement written by
+hand, its SUM turned into an int as aiofragno does), through SQLAlchemy 2
+Core (a ``select()`` of ``func.count/sum/max`` on ``engine.connect()``) and
+its ORM (the same over the mapped class in an ``AsyncSession`` per read;
+both on the same drivers, SUM turned into an int too) — and, to tell what
 the unit of work costs from what the aggregate costs, the same SQL through
-aiofragno's raw SQL (``db.fetch``). They alternate in rounds (warm-up
-excluded); the table gives µs per read, best round, and the ratio raw /
-aiofragno (1.0: as fast as raw). On SQLite aiofragno sums
-an integer column as its two 32-bit halves (exact past 64 bits), so its
-statement does one more SUM than the hand-written one.
+aiofragno's raw SQL (``db.fetch``). All give the same answers (checked
+first). They run interleaved in rounds (warm-up excluded; every other
+round in reverse order); the tables give reads/s (median over rounds) and
+the aggregate's ratio to each other variant per round (median and range;
+1.0: as fast). JSON in ``benchmarks/results/``.
 
-    python -m benchmarks.aggregate [--backend all|sqlite|postgresql|mysql] [-n 2000] [--rounds 5]
+    python -m benchmarks.aggregate [--backend all|sqlite|postgresql|mysql] [-n 2000] [--rounds 5] \\
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -22,14 +27,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import aiofragno as af
 from benchmarks import _common as common
+from benchmarks import _sqlalchemy as sa
 
 Read = Callable[[int], Awaitable[tuple[int, int | None, int | None]]]
 
@@ -80,31 +88,26 @@ async def raw_read(target: common.Target, table: str) -> tuple[Read, Callable[[]
     """The hand-written read on the raw driver, and how to close it."""
     sql = "SELECT COUNT(*), SUM(balance), MAX(balance) FROM {t} WHERE balance >= {p}"
     if target.dialect == "postgresql":
-        import asyncpg
-
-        url = target.parsed
-        conn = await asyncpg.connect(
-            host=url.host, port=url.port, user=url.username, database=url.database
-        )
+        pool = await common.asyncpg_pool(target, 1)
         text = sql.format(t=table, p="$1")
 
         async def read_pg(threshold: int) -> tuple[int, int | None, int | None]:
-            return _ints(await conn.fetchrow(text, threshold))
+            async with pool.acquire() as conn:
+                return _ints(await conn.fetchrow(text, threshold))
 
-        return read_pg, conn.close
+        return read_pg, pool.close
     if target.dialect == "mysql":
-        import asyncmy
-
-        my = await asyncmy.connect(**common.asyncmy_options(target.url))
+        my = await common.asyncmy_pool(target, 1)
         text = sql.format(t=table, p="%s")
 
         async def read_my(threshold: int) -> tuple[int, int | None, int | None]:
-            async with my.cursor() as cursor:
+            async with my.acquire() as conn, conn.cursor() as cursor:
                 await cursor.execute(text, (threshold,))
                 return _ints(await cursor.fetchone())
 
         async def close_my() -> None:
             my.close()
+            await my.wait_closed()
 
         return read_my, close_my
     import aiosqlite
@@ -121,14 +124,55 @@ async def raw_read(target: common.Target, table: str) -> tuple[Read, Callable[[]
     return read_lite, lite.close
 
 
+def sqlalchemy_reads(engine: Any, names: common.Names) -> tuple[Read, Read]:
+    """The aggregate through SQLAlchemy 2 Core (``engine.connect()``, a
+    ``select()`` of ``func.count/sum/max``) and through its ORM (an
+    ``AsyncSession`` per read executing the same over the mapped class)."""
+    from sqlalchemy import BigInteger, String, func, select
+    from sqlalchemy.ext.asyncio import async_sessionmaker
+    from sqlalchemy.orm import DeclarativeBase, mapped_column
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Account(Base):
+        __tablename__ = names.accounts[-1]
+        __table_args__ = {"schema": sa.schema_of(names.accounts)}
+        pk = mapped_column("_id", sa.internal_id(), primary_key=True)
+        owner = mapped_column(String(255))
+        balance = mapped_column(BigInteger)
+
+    table = Account.__table__
+    core = select(func.count(), func.sum(table.c.balance), func.max(table.c.balance))
+    orm = select(func.count(Account.pk), func.sum(Account.balance), func.max(Account.balance))
+    sessions = async_sessionmaker(engine)
+
+    async def read_core(threshold: int) -> tuple[int, int | None, int | None]:
+        async with engine.connect() as conn:
+            result = await conn.execute(core.where(table.c.balance >= threshold))
+            return _ints(result.one())
+
+    async def read_orm(threshold: int) -> tuple[int, int | None, int | None]:
+        async with sessions() as session:
+            result = await session.execute(orm.where(Account.balance >= threshold))
+            return _ints(result.one())
+
+    return read_core, read_orm
+
+
 async def timed(read: Read, values: Sequence[int]) -> float:
+    """Reads per second."""
     started = time.perf_counter()
     for value in values:
         await read(value)
-    return (time.perf_counter() - started) / len(values)
+    return len(values) / (time.perf_counter() - started)
 
 
-async def bench(dialect: str, n: int, rounds: int, tmpdir: Path) -> list[Any] | None:
+VARIANTS = ("aggregate", "db.fetch", "raw", "sqlalchemy-core", "sqlalchemy-orm")
+RATIOS = [("aggregate", other) for other in VARIANTS[1:]]
+
+
+async def bench(dialect: str, n: int, rounds: int, tmpdir: Path) -> dict[str, Any] | None:
     async with common.target(dialect, tmpdir) as target:
         if target is None:
             return None
@@ -136,31 +180,35 @@ async def bench(dialect: str, n: int, rounds: int, tmpdir: Path) -> list[Any] | 
             await common.prepare(db)
             names = common.names(db)
             raw, close = await raw_read(target, names.qualified(names.accounts))
+            engine = await sa.engine(target, pool_size=1)
             try:
-                variants = {
-                    "aiofragno": aiofragno_read(db),
-                    "fetch": fetch_read(db, af.Identifier(*names.accounts)),
-                    "raw": raw,
-                }
+                variants = dict(
+                    zip(
+                        VARIANTS,
+                        [
+                            aiofragno_read(db),
+                            fetch_read(db, af.Identifier(*names.accounts)),
+                            raw,
+                            *sqlalchemy_reads(engine, names),
+                        ],
+                        strict=True,
+                    )
+                )
                 values = thresholds(n)
                 for value in values[:50]:  # same answers, and a warm-up
                     answers = {await read(value) for read in variants.values()}
                     assert len(answers) == 1, (value, answers)
-                best = dict.fromkeys(variants, float("inf"))
-                for _ in range(rounds):
-                    for name, read in variants.items():
-                        best[name] = min(best[name], await timed(read, values))
+                rates = await common.interleaved(
+                    {name: partial(timed, read, values) for name, read in variants.items()}, rounds
+                )
             finally:
                 await close()
-    us = {k: v * 1e6 for k, v in best.items()}
-    return [
-        dialect,
-        f"{us['aiofragno']:.0f}",
-        f"{us['fetch']:.0f}",
-        f"{us['raw']:.0f}",
-        f"{best['raw'] / best['aiofragno']:.2f}",
-        f"{best['raw'] / best['fetch']:.2f}",
-    ]
+                await engine.dispose()
+    return {
+        "reads_per_s": {k: statistics.median(v) for k, v in rates.items()},
+        "rounds": rates,
+        "ratios": {f"{a} / {b}": common.round_ratios(rates, a, b) for a, b in RATIOS},
+    }
 
 
 async def main(argv: Sequence[str] | None = None) -> None:
@@ -168,24 +216,33 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backend", default="all", choices=["all", *common.BACKENDS])
     parser.add_argument("-n", type=int, default=2000, help="reads per round and variant")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     dialects = common.BACKENDS if args.backend == "all" else (args.backend,)
-    rows = []
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for dialect in dialects:
-            row = await bench(dialect, args.n, args.rounds, Path(tmp))
-            if row is not None:
-                rows.append(row)
+            result = await bench(dialect, args.n, args.rounds, Path(tmp))
+            if result is not None:
+                results[dialect] = result
     common.print_table(
-        [
-            "backend",
-            "aggregate µs/read",
-            "db.fetch µs/read",
-            "raw µs/read",
-            "raw / aggregate",
-            "raw / db.fetch",
-        ],
-        rows,
+        ["backend", *(f"{v}/s" for v in VARIANTS)],
+        [[d, *(f"{r['reads_per_s'][v]:.0f}" for v in VARIANTS)] for d, r in results.items()],
+    )
+    print()
+    common.print_table(
+        ["backend", *(f"{a} / {b}" for a, b in RATIOS)],
+        [[d, *map(common.ratio_cell, r["ratios"].values())] for d, r in results.items()],
+    )
+    common.write_json(
+        args.json or common.default_json_path("aggregate"),
+        {
+            "benchmark": "aggregate",
+            "reads": args.n,
+            "rounds": args.rounds,
+            "results": results,
+            "machine": common.machine_info({}),
+        },
     )
 
 

@@ -16,6 +16,9 @@ makes — into the table aiofragno migrated, emptied before each variant:
 * ``raw copy``: asyncpg ``copy_records_to_table`` (PostgreSQL only).
 * ``sqlalchemy``: SQLAlchemy 2 Core ``conn.execute(insert(t), rows)``
   (its "insertmanyvalues") on its asyncio engine.
+* ``sqlalchemy orm``: the ORM's unit of work: ``session.add_all`` of 10,000
+  mapped objects in ``session.begin()`` (flushed as batched INSERTs; their
+  primary keys fetched back, RETURNING where the driver allows).
 
 Updates set ``n`` on every row (bumping ``_version``): ``update_many``
 (the unit reads the rows' ids, then updates them by id in bounded chunks
@@ -48,6 +51,7 @@ import aiofragno as af
 from aiofragno.schema import new_external_id
 
 from . import _common as common
+from . import _sqlalchemy as sa
 
 ITEMS = af.Schema(
     "bulkw",
@@ -93,36 +97,27 @@ class Bench:
             )
 
     async def _open_sqlalchemy(self) -> None:
-        from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table
-        from sqlalchemy.engine import URL
-        from sqlalchemy.ext.asyncio import create_async_engine
+        from sqlalchemy import BigInteger, Integer, String
+        from sqlalchemy.ext.asyncio import async_sessionmaker
+        from sqlalchemy.orm import DeclarativeBase, mapped_column
 
-        url = self.target.parsed
-        driver = {"postgresql": "asyncpg", "mysql": "asyncmy", "sqlite": "aiosqlite"}
-        name = f"{self.target.dialect}+{driver[self.target.dialect]}"
-        if self.target.dialect == "sqlite":
-            sa_url = URL.create(name, database=url.database)
-        else:
-            sa_url = URL.create(
-                name,
-                username=url.username,
-                password=url.password,
-                host=url.host,
-                port=url.port,
-                database=url.database,
-            )
-        self.engine = create_async_engine(sa_url)
-        schema = self.parts[0] if len(self.parts) == 2 else None
-        self.sa_table = Table(
-            self.parts[-1],
-            MetaData(),
-            Column("_id", BigInteger, primary_key=True),
-            Column("id", String),
-            Column("_version", Integer),
-            Column("name", String),
-            Column("n", BigInteger),
-            schema=schema,
-        )
+        self.engine = await sa.engine(self.target, pool_size=1)
+
+        class Base(DeclarativeBase):
+            pass
+
+        class Item(Base):
+            __tablename__ = self.parts[-1]
+            __table_args__ = {"schema": sa.schema_of(self.parts)}
+            pk = mapped_column("_id", sa.internal_id(), primary_key=True)
+            id = mapped_column(String(64))
+            version = mapped_column("_version", Integer)
+            name = mapped_column(String(255))
+            n = mapped_column(BigInteger)
+
+        self.Item = Item
+        self.sa_table = Item.__table__
+        self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -226,6 +221,11 @@ class Bench:
         async with self.engine.begin() as conn:
             await conn.execute(insert(self.sa_table), rows)
 
+    async def sqlalchemy_orm_insert(self) -> None:
+        item = self.Item
+        async with self.sessions() as session, session.begin():
+            session.add_all([item(id=new_external_id(), version=0, **row) for row in self.values()])
+
     # -- updates ---------------------------------------------------------
 
     async def update_many(self, check: bool = False) -> None:
@@ -262,6 +262,7 @@ CREATES = {
     "raw executemany": "raw_executemany",
     "raw copy": "raw_copy",
     "sqlalchemy": "sqlalchemy_insert",
+    "sqlalchemy orm": "sqlalchemy_orm_insert",
     "create_many": "create_many",
     "create_many+outbox": "create_many_outbox",
     "create loop": "create_loop",
@@ -342,6 +343,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         }
         for d, by in seconds.items()
     }
+    # create_many against SQLAlchemy, per round likewise.
+    versus_sqlalchemy = {
+        d: {
+            other: statistics.median(
+                t / mine for mine, t in zip(by["create_many"], by[other], strict=True)
+            )
+            for other in ("sqlalchemy", "sqlalchemy orm")
+        }
+        for d, by in seconds.items()
+    }
     table = []
     for dialect, by in medians.items():
         for label, median in by.items():
@@ -356,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
     print()
     common.print_table(["backend", "variant", "median ms", "rows/s", "speed vs raw"], table)
+    print("create_many speed vs SQLAlchemy Core / ORM:", versus_sqlalchemy)
     print("outbox payload bytes for one create_many:", measured["outbox_payload_bytes"])
     common.write_json(
         args.json or common.default_json_path("bulk_write"),
@@ -366,6 +378,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "seconds": seconds,
             "median_seconds": medians,
             "speed_vs_raw": ratios,
+            "create_many_speed_vs_sqlalchemy": versus_sqlalchemy,
             "outbox_payload_bytes": measured["outbox_payload_bytes"],
             "machine": common.machine_info({}),
         },

@@ -5,15 +5,34 @@ aiofragno: ``find("accounts", where=af.c.owner >= o, order_by="owner",
 limit=N, join={"recent": af.many("transfers", by="src", order_by=("seq",
 "desc"), limit=10)})`` — one round trip (one statement on PostgreSQL).
 two-retrieves: aiofragno without a join — the accounts, then a second
-retrieve with one find per account (one more round trip). raw:
-hand-written code on the driver, as a repository function would do it: the
-accounts, then each one's transfers (``WHERE src = ? ORDER BY seq DESC
-LIMIT 10``), 1 + N statements on one connection, with the same columns
-(references' external ids joined). Interleaved in rounds, one read at a
-time; reported: reads/s per variant and the join's ratios to the others
-per backend (median over rounds, and their range).
+retrieve with one find per account (one more round trip).
 
-    python -m benchmarks.join_reads [--backend all] [--accounts 1] [--reads 1000] [--rounds 5]
+raw: hand-written code on the driver, as a repository function would do it:
+the accounts (``WHERE owner >= ? ORDER BY owner LIMIT N``), then each one's
+transfers (``WHERE src = ? ORDER BY seq DESC LIMIT 10``, the references'
+external ids joined), 1 + N statements on a connection from the driver's pool (asyncpg: no
+reset query on release, as in ``benchmarks.transfer``), and the same
+result shape: a dict per account with its transfers as a list of dicts
+(asyncpg ``dict(record)``; asyncmy and sqlite3 ``dict(zip(columns, row))``)
+— values as the driver decodes them (ids as str, not RowIds with versions).
+On SQLite: sqlite3 with one worker-thread hop per statement
+(``asyncio.to_thread``), as aiofragno's default SQLite backend.
+
+sqlalchemy-core: the raw code's two statements as SQLAlchemy 2 Core
+``select()``s on its asyncio engine (``engine.connect()`` per read), rows
+turned into the same nested dicts (``row._asdict()``). sqlalchemy-orm: the
+2.0-style ORM on an ``AsyncSession`` per read: ``select(Account)``, then per
+account ``select(Transfer)`` with ``joinedload`` of its two accounts (their
+``id`` only); the result the ORM's objects, (account, [transfers]) pairs.
+Both on the same drivers (aiosqlite on SQLite).
+
+Interleaved in rounds (every other round in reverse order), one read at a
+time; reported: reads/s per variant and the join's ratios to the others
+per backend (median of the per-round ratios, and their range); JSON in
+``benchmarks/results/``.
+
+    python -m benchmarks.join_reads [--backend all] [--accounts 1] [--reads 1000] [--rounds 5] \\
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -27,12 +46,14 @@ import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import aiofragno as af
 
 from . import _common as common
+from . import _sqlalchemy as sa
 
 ACCOUNTS = 200
 TRANSFERS_EACH = 100
@@ -143,7 +164,8 @@ def raw_sql(db: af.Database, placeholder: str, page: int) -> tuple[str, str]:
         f'WHERE "owner" >= {placeholder} ORDER BY "owner" LIMIT {page}'
     )
     recent = (
-        f't."_id", t."id", t."_version", s."id", d."id", t."amount", t."seq" FROM {transfers} t '
+        f't."_id", t."id", t."_version", s."id" AS "src", d."id" AS "dst", t."amount", t."seq" '
+        f"FROM {transfers} t "
         f'JOIN {accounts} s ON s."_id" = t."src" JOIN {accounts} d ON d."_id" = t."dst" '
         f'WHERE t."src" = {placeholder} ORDER BY t."seq" DESC LIMIT 10'
     )
@@ -152,47 +174,52 @@ def raw_sql(db: af.Database, placeholder: str, page: int) -> tuple[str, str]:
     return account, "SELECT " + recent
 
 
-async def raw_asyncpg(target: common.Target, db: af.Database, page: int) -> tuple[Read, Any]:
-    import asyncpg
+ACCOUNT_COLUMNS = ("_id", "id", "_version", "owner", "balance")
+TRANSFER_COLUMNS = ("_id", "id", "_version", "src", "dst", "amount", "seq")
 
-    url = target.parsed
-    conn = await asyncpg.connect(
-        host=url.host, port=url.port, user=url.username, database=url.database
-    )
+
+def _nested(account: dict[str, Any], recent: list[dict[str, Any]]) -> dict[str, Any]:
+    assert len(recent) == 10
+    account["recent"] = recent
+    return account
+
+
+async def raw_asyncpg(target: common.Target, db: af.Database, page: int) -> tuple[Read, Any]:
+    pool = await common.asyncpg_pool(target, 1)
     account_sql, recent_sql = raw_sql(db, "$1", page)
 
     async def read(owner: str) -> Any:
-        rows = []
-        for account in await conn.fetch(account_sql, owner):
-            recent = await conn.fetch(recent_sql, account[0])
-            assert len(recent) == 10
-            rows.append((account, recent))
+        async with pool.acquire() as conn:
+            rows = [
+                _nested(dict(account), list(map(dict, await conn.fetch(recent_sql, account[0]))))
+                for account in await conn.fetch(account_sql, owner)
+            ]
         assert len(rows) == page
         return rows
 
-    return read, conn.close
+    return read, pool.close
 
 
 async def raw_asyncmy(target: common.Target, db: af.Database, page: int) -> tuple[Read, Any]:
-    import asyncmy
-
-    conn = await asyncmy.connect(**common.asyncmy_options(target.url), charset="utf8mb4")
+    pool = await common.asyncmy_pool(target, 1)
     account_sql, recent_sql = raw_sql(db, "%s", page)
 
     async def read(owner: str) -> Any:
         rows = []
-        async with conn.cursor() as cursor:
+        async with pool.acquire() as conn, conn.cursor() as cursor:
             await cursor.execute(account_sql, (owner,))
             for account in await cursor.fetchall():
                 await cursor.execute(recent_sql, (account[0],))
-                recent = await cursor.fetchall()
-                assert len(recent) == 10
-                rows.append((account, recent))
+                recent = [
+                    dict(zip(TRANSFER_COLUMNS, r, strict=True)) for r in await cursor.fetchall()
+                ]
+                rows.append(_nested(dict(zip(ACCOUNT_COLUMNS, account, strict=True)), recent))
         assert len(rows) == page
         return rows
 
     async def close() -> None:
-        await conn.ensure_closed()
+        pool.close()
+        await pool.wait_closed()
 
     return read, close
 
@@ -209,8 +236,8 @@ async def raw_sqlite(target: common.Target, db: af.Database, page: int) -> tuple
         rows = []
         for account in await asyncio.to_thread(fetch, account_sql, owner):
             recent = await asyncio.to_thread(fetch, recent_sql, account[0])
-            assert len(recent) == 10
-            rows.append((account, recent))
+            recent = [dict(zip(TRANSFER_COLUMNS, r, strict=True)) for r in recent]
+            rows.append(_nested(dict(zip(ACCOUNT_COLUMNS, account, strict=True)), recent))
         assert len(rows) == page
         return rows
 
@@ -218,6 +245,120 @@ async def raw_sqlite(target: common.Target, db: af.Database, page: int) -> tuple
         conn.close()
 
     return read, close
+
+
+def _models(db: af.Database) -> tuple[Any, Any]:
+    """ORM classes over the tables ``seed`` migrated (their Core tables:
+    ``Model.__table__``)."""
+    from sqlalchemy import BigInteger, ForeignKey, Integer, String
+    from sqlalchemy.orm import DeclarativeBase, mapped_column, relationship
+
+    layout = db.layout(SCHEMA)
+    accounts = layout.table("accounts").identifier.parts
+    transfers = layout.table("transfers").identifier.parts
+    account_pk = ".".join([*accounts, "_id"])
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Account(Base):
+        __tablename__ = accounts[-1]
+        __table_args__ = {"schema": sa.schema_of(accounts)}
+        pk = mapped_column("_id", sa.internal_id(), primary_key=True)
+        id = mapped_column(String(64))
+        version = mapped_column("_version", Integer)
+        owner = mapped_column(String(255))
+        balance = mapped_column(BigInteger)
+
+    class Transfer(Base):
+        __tablename__ = transfers[-1]
+        __table_args__ = {"schema": sa.schema_of(transfers)}
+        pk = mapped_column("_id", sa.internal_id(), primary_key=True)
+        id = mapped_column(String(64))
+        version = mapped_column("_version", Integer)
+        src = mapped_column(BigInteger, ForeignKey(account_pk))
+        dst = mapped_column(BigInteger, ForeignKey(account_pk))
+        amount = mapped_column(BigInteger)
+        seq = mapped_column(BigInteger)
+        src_account = relationship(Account, foreign_keys=[src])
+        dst_account = relationship(Account, foreign_keys=[dst])
+
+    return Account, Transfer
+
+
+def sqlalchemy_core(engine: Any, models: tuple[Any, Any], page: int) -> Read:
+    from sqlalchemy import bindparam, select
+
+    a, t = (model.__table__ for model in models)
+    s, d = a.alias("s"), a.alias("d")
+    accounts = (
+        select(a.c._id, a.c.id, a.c._version, a.c.owner, a.c.balance)
+        .where(a.c.owner >= bindparam("owner"))
+        .order_by(a.c.owner)
+        .limit(page)
+    )
+    recent = (
+        select(
+            t.c._id,
+            t.c.id,
+            t.c._version,
+            s.c.id.label("src"),
+            d.c.id.label("dst"),
+            t.c.amount,
+            t.c.seq,
+        )
+        .join(s, s.c._id == t.c.src)
+        .join(d, d.c._id == t.c.dst)
+        .where(t.c.src == bindparam("src"))
+        .order_by(t.c.seq.desc())
+        .limit(10)
+    )
+
+    async def read(owner: str) -> Any:
+        async with engine.connect() as conn:
+            rows = []
+            for account in await conn.execute(accounts, {"owner": owner}):
+                found = await conn.execute(recent, {"src": account._id})
+                rows.append(_nested(account._asdict(), [r._asdict() for r in found]))
+        assert len(rows) == page
+        return rows
+
+    return read
+
+
+def sqlalchemy_orm(engine: Any, models: tuple[Any, Any], page: int) -> Read:
+    from sqlalchemy import select
+    from sqlalchemy.ext.asyncio import async_sessionmaker
+    from sqlalchemy.orm import joinedload
+
+    account, transfer = models
+    sessions = async_sessionmaker(engine, expire_on_commit=False)
+    referenced = [
+        joinedload(transfer.src_account).load_only(account.id),
+        joinedload(transfer.dst_account).load_only(account.id),
+    ]
+
+    async def read(owner: str) -> Any:
+        async with sessions() as session:
+            found = await session.scalars(
+                select(account).where(account.owner >= owner).order_by(account.owner).limit(page)
+            )
+            rows = []
+            for a in found.all():
+                recent = await session.scalars(
+                    select(transfer)
+                    .where(transfer.src == a.pk)
+                    .order_by(transfer.seq.desc())
+                    .limit(10)
+                    .options(*referenced)
+                )
+                transfers = recent.all()
+                assert len(transfers) == 10 and transfers[0].src_account.id == a.id
+                rows.append((a, transfers))
+        assert len(rows) == page
+        return rows
+
+    return read
 
 
 RAW = {"postgresql": raw_asyncpg, "mysql": raw_asyncmy, "sqlite": raw_sqlite}
@@ -230,6 +371,10 @@ async def timed(read: Read, owners: Sequence[str]) -> float:
     return len(owners) / (time.perf_counter() - started)
 
 
+VARIANTS = ("join", "two-retrieves", "raw", "sqlalchemy-core", "sqlalchemy-orm")
+RATIOS = [("join", other) for other in VARIANTS[1:]]
+
+
 async def run_backend(
     dialect: str, page: int, reads: int, rounds: int, tmp: Path
 ) -> dict[str, Any] | None:
@@ -239,49 +384,67 @@ async def run_backend(
         async with af.connect(target.url, pool_size=2) as db:
             await seed(db)
             raw, close = await RAW[dialect](target, db, page)
-            rng = random.Random(1)
-            owners = [common.owner(rng.randrange(ACCOUNTS - page + 1)) for _ in range(reads)]
-            order = [
-                ("join", aiofragno_read(db, page)),
-                ("two-retrieves", aiofragno_two_reads(db, page)),
-                ("raw", raw),
-            ]
-            for _, read in order:
-                await timed(read, owners[:100])  # warm-up
-            rates: dict[str, list[float]] = {name: [] for name, _ in order}
-            for i in range(rounds):
-                for name, read in order if i % 2 == 0 else reversed(order):
-                    rates[name].append(await timed(read, owners))
-            await close()
-    result: dict[str, Any] = {f"{n} reads/s": statistics.median(r) for n, r in rates.items()}
-    for other in ("two-retrieves", "raw"):
-        ratios = [a / b for a, b in zip(rates["join"], rates[other], strict=True)]
-        result[f"join / {other}"] = (statistics.median(ratios), min(ratios), max(ratios))
-    return result
+            engine = await sa.engine(target, pool_size=1)
+            models = _models(db)
+            try:
+                rng = random.Random(1)
+                owners = [common.owner(rng.randrange(ACCOUNTS - page + 1)) for _ in range(reads)]
+                variants = dict(
+                    zip(
+                        VARIANTS,
+                        [
+                            aiofragno_read(db, page),
+                            aiofragno_two_reads(db, page),
+                            raw,
+                            sqlalchemy_core(engine, models, page),
+                            sqlalchemy_orm(engine, models, page),
+                        ],
+                        strict=True,
+                    )
+                )
+                for read in variants.values():
+                    await timed(read, owners[:100])  # warm-up
+                rates = await common.interleaved(
+                    {name: partial(timed, read, owners) for name, read in variants.items()}, rounds
+                )
+            finally:
+                await close()
+                await engine.dispose()
+    return {
+        "reads_per_s": {n: statistics.median(r) for n, r in rates.items()},
+        "rounds": rates,
+        "ratios": {f"{a} / {b}": common.round_ratios(rates, a, b) for a, b in RATIOS},
+    }
 
 
 async def main(args: argparse.Namespace) -> None:
     backends = common.BACKENDS if args.backend == "all" else (args.backend,)
-    rows = []
+    results = {}
     with tempfile.TemporaryDirectory(prefix="aiofragno-joins-") as tmp:
         for dialect in backends:
             result = await run_backend(dialect, args.accounts, args.reads, args.rounds, Path(tmp))
             if result is not None:
-                rows.append(
-                    [
-                        dialect,
-                        *(
-                            f"{result[f'{n} reads/s']:.0f}"
-                            for n in ("join", "two-retrieves", "raw")
-                        ),
-                        *(
-                            "{:.2f} ({:.2f}-{:.2f})".format(*result[f"join / {n}"])
-                            for n in ("two-retrieves", "raw")
-                        ),
-                    ]
-                )
-    headers = ["backend", "join/s", "two retrieves/s", "raw/s", "join / two", "join / raw"]
-    common.print_table(headers, rows)
+                results[dialect] = result
+    common.print_table(
+        ["backend", *(f"{n}/s" for n in VARIANTS)],
+        [[d, *(f"{r['reads_per_s'][n]:.0f}" for n in VARIANTS)] for d, r in results.items()],
+    )
+    print()
+    common.print_table(
+        ["backend", *(f"{a} / {b}" for a, b in RATIOS)],
+        [[d, *map(common.ratio_cell, r["ratios"].values())] for d, r in results.items()],
+    )
+    common.write_json(
+        args.json or common.default_json_path("join_reads"),
+        {
+            "benchmark": "join_reads",
+            "accounts_per_read": args.accounts,
+            "reads": args.reads,
+            "rounds": args.rounds,
+            "results": results,
+            "machine": common.machine_info({}),
+        },
+    )
 
 
 if __name__ == "__main__":
@@ -290,4 +453,5 @@ if __name__ == "__main__":
     parser.add_argument("--accounts", type=int, default=1, help="accounts per read")
     parser.add_argument("--reads", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None)
     asyncio.run(main(parser.parse_args()))

@@ -78,7 +78,8 @@ from aiofragno.outbox.ticks import tick
 from aiofragno.schema import new_external_id
 
 from . import _common as common
-from ._common import POOL_SIZE, SCHEMA, Backoff, Target, asyncmy_options, owner
+from . import _sqlalchemy as sa
+from ._common import POOL_SIZE, SCHEMA, Backoff, Target, owner
 from .cpu_meter import NO_CPU, CpuSample, CpuUsed, server_commands
 
 WARMUP = 100
@@ -327,23 +328,7 @@ class RawAsyncpg(Raw):
     placeholder = staticmethod(lambda i: f"${i}")
 
     async def connect(self) -> None:
-        import asyncpg
-
-        url = self.target.parsed
-
-        async def no_reset(conn: Any) -> None:
-            pass
-
-        self.pool = await asyncpg.create_pool(
-            host=url.host,
-            port=url.port,
-            user=url.username,
-            password=url.password,
-            database=url.database,
-            min_size=POOL_SIZE,
-            max_size=POOL_SIZE,
-            reset=no_reset,
-        )
+        self.pool = await common.asyncpg_pool(self.target)
 
     async def close(self) -> None:
         await self.pool.close()
@@ -375,16 +360,9 @@ class RawAsyncmy(Raw):
     placeholder = staticmethod(lambda i: "%s")
 
     async def connect(self) -> None:
-        import asyncmy
         from asyncmy.constants import CLIENT
 
-        self.pool = await asyncmy.create_pool(
-            **asyncmy_options(self.target.url),
-            charset="utf8mb4",
-            client_flag=CLIENT.FOUND_ROWS,
-            minsize=POOL_SIZE,
-            maxsize=POOL_SIZE,
-        )
+        self.pool = await common.asyncmy_pool(self.target, client_flag=CLIENT.FOUND_ROWS)
 
     async def close(self) -> None:
         self.pool.close()
@@ -525,54 +503,18 @@ class RawSqliteThread(RawSqlite):
 
 class SqlAlchemy(Variant):
     name = "sqlalchemy"
-    DRIVERS = {"postgresql": "asyncpg", "mysql": "asyncmy", "sqlite": "aiosqlite"}
 
     async def open(self, admin: af.Database) -> None:
-        from sqlalchemy import event, select
-        from sqlalchemy.engine import URL
-        from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+        from sqlalchemy import select
+        from sqlalchemy.ext.asyncio import async_sessionmaker
         from sqlalchemy.orm.exc import StaleDataError
-        from sqlalchemy.pool import AsyncAdaptedQueuePool
 
         self.stale = StaleDataError
         self.select = select
-        self.driver = self.DRIVERS[self.target.dialect]
+        self.driver = sa.DRIVERS[self.target.dialect]
         self.Account, self.Transfer = _sqlalchemy_models(common.names(admin))
-        url = self.target.parsed
-        drivername = f"{self.target.dialect}+{self.driver}"
-        if self.target.dialect == "sqlite":
-            sa_url = URL.create(drivername, database=url.database)
-        else:
-            sa_url = URL.create(
-                drivername,
-                username=url.username,
-                password=url.password,
-                host=url.host,
-                port=url.port,
-                database=url.database,
-                query={"charset": "utf8mb4"} if self.target.dialect == "mysql" else {},
-            )
-        self.engine = create_async_engine(
-            sa_url, poolclass=AsyncAdaptedQueuePool, pool_size=POOL_SIZE, max_overflow=0
-        )
-        if self.target.dialect == "sqlite":
-
-            @event.listens_for(self.engine.sync_engine, "connect")
-            def pragmas(dbapi_connection: Any, record: Any) -> None:
-                cursor = dbapi_connection.cursor()
-                for pragma in (
-                    f"PRAGMA busy_timeout = {int(common.SQLITE_BUSY_TIMEOUT * 1000)}",
-                    "PRAGMA foreign_keys = ON",
-                    "PRAGMA journal_mode = WAL",
-                ):
-                    cursor.execute(pragma)
-                cursor.close()
-
+        self.engine = await sa.engine(self.target)
         self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
-        # Open the pool's connections now, as the other variants do.
-        async with contextlib.AsyncExitStack() as stack:
-            for _ in range(POOL_SIZE):
-                await stack.enter_async_context(self.engine.connect())
 
     async def close(self) -> None:
         await self.engine.dispose()

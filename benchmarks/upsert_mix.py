@@ -11,22 +11,33 @@ bumped) and returns both rows' ids. Variants per backend:
   one transaction, ``INSERT .. ON CONFLICT .. DO UPDATE .. RETURNING`` twice
   (PostgreSQL: asyncpg pool; SQLite: sqlite3 on a worker thread, the whole
   unit in one hop, ``BEGIN IMMEDIATE``), or ``INSERT .. ON DUPLICATE KEY
-  UPDATE`` and the read-back twice (MySQL: asyncmy pool).
+  UPDATE`` and the read-back twice (MySQL: asyncmy pool);
+* ``sqlalchemy-core``, ``sqlalchemy-orm``: the same statements through
+  SQLAlchemy 2 Core and through its ORM (ORM-enabled upserts returning the
+  mapped object), a pool of as many connections, the same drivers (aiosqlite
+  on SQLite).
 
-    python -m benchmarks.upsert_mix --backend sqlite|postgresql|mysql \\
-        [--url URL] --units 2000 --concurrency 16
+All run interleaved in ``--rounds`` rounds (every other round in reverse
+order, a warm-up excluded); reported: units/s (median over rounds) and the
+per-round ratios (median and range); JSON in ``benchmarks/results/``.
+
+    python -m benchmarks.upsert_mix [--backend all|sqlite,postgresql,mysql] \\
+        [--units 2000] [--concurrency 16] [--rounds 4] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import sqlite3
+import statistics
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +45,7 @@ import aiofragno as af
 from aiofragno.schema import new_external_id
 
 from . import _common as common
+from . import _sqlalchemy as sa
 
 KEYS = 200
 SCHEMA = af.Schema(
@@ -158,57 +170,205 @@ async def raw_unit(
     return lite, close
 
 
-async def measure(dialect: str, url: str, units: int, concurrency: int) -> dict[str, float]:
+def sqlalchemy_units(dialect: str, engine: Any, parts: tuple[str, ...]) -> tuple[Unit, Unit]:
+    """The unit through SQLAlchemy 2 Core and through its ORM, one
+    transaction each: PostgreSQL and SQLite ``insert(...).on_conflict_do_update
+    (...).returning(...)``; MySQL ``insert(...).on_duplicate_key_update(...)``
+    and the read-back. Core on ``engine.begin()``; the ORM on an
+    ``AsyncSession`` with the ORM-enabled statements (RETURNING the mapped
+    object; on MySQL a ``select(Counter)`` after the upsert), then commit."""
+    from sqlalchemy import BigInteger, Integer, String, select
+    from sqlalchemy.ext.asyncio import async_sessionmaker
+    from sqlalchemy.orm import DeclarativeBase, mapped_column
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Counter(Base):
+        __tablename__ = parts[-1]
+        __table_args__ = {"schema": sa.schema_of(parts)}
+        pk = mapped_column("_id", sa.internal_id(), primary_key=True)
+        id = mapped_column(String(64))
+        version = mapped_column("_version", Integer)
+        name = mapped_column(String(255))
+        value = mapped_column(BigInteger)
+
+    t = Counter.__table__
+    sessions = async_sessionmaker(engine, expire_on_commit=False)
+    if dialect == "mysql":
+        from sqlalchemy.dialects.mysql import insert
+
+        def upsert(target: Any, name: str, value: int) -> Any:
+            stmt = insert(target).values(id=new_external_id(), name=name, value=value)
+            return stmt.on_duplicate_key_update(
+                value=stmt.inserted.value, _version=t.c._version + 1
+            )
+
+        async def core(pairs: list[tuple[str, int]]) -> Any:
+            async with engine.begin() as conn:
+                rows = []
+                for n, v in pairs:
+                    await conn.execute(upsert(t, n, v))
+                    read = select(t.c.id, t.c._version, t.c._id).where(t.c.name == n)
+                    rows.append((await conn.execute(read)).one())
+                return rows
+
+        async def orm(pairs: list[tuple[str, int]]) -> Any:
+            async with sessions() as session, session.begin():
+                rows = []
+                for n, v in pairs:
+                    await session.execute(upsert(Counter, n, v))
+                    read = select(Counter).where(Counter.name == n)
+                    rows.append(
+                        (await session.execute(read.execution_options(populate_existing=True)))
+                        .scalars()
+                        .one()
+                    )
+                return rows
+
+        return core, orm
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+
+    def returning_upsert(target: Any, name: str, value: int) -> Any:
+        stmt = dialect_insert(target).values(id=new_external_id(), name=name, value=value)
+        return stmt.on_conflict_do_update(
+            index_elements=["name"],
+            set_={"value": stmt.excluded.value, "_version": t.c._version + 1},
+        )
+
+    async def core_returning(pairs: list[tuple[str, int]]) -> Any:
+        async with engine.begin() as conn:
+            return [
+                (
+                    await conn.execute(
+                        returning_upsert(t, n, v).returning(t.c.id, t.c._version, t.c._id)
+                    )
+                ).one()
+                for n, v in pairs
+            ]
+
+    async def orm_returning(pairs: list[tuple[str, int]]) -> Any:
+        async with sessions() as session, session.begin():
+            return [
+                (
+                    await session.execute(
+                        returning_upsert(Counter, n, v)
+                        .returning(Counter)
+                        .execution_options(populate_existing=True)
+                    )
+                )
+                .scalars()
+                .one()
+                for n, v in pairs
+            ]
+
+    return core_returning, orm_returning
+
+
+VARIANTS = ("aiofragno", "aiofragno+outbox", "raw", "sqlalchemy-core", "sqlalchemy-orm")
+RATIOS = [("aiofragno", "raw"), ("aiofragno+outbox", "raw")] + [
+    ("aiofragno", other) for other in VARIANTS[3:]
+]
+
+
+async def measure(
+    target: common.Target, units: int, concurrency: int, rounds: int
+) -> dict[str, Any]:
+    """Each variant's units/s per round, interleaved."""
     jobs = work(units)
     namespace = f"b{uuid.uuid4().hex[:6]}"
-    rates: dict[str, float] = {}
-    async with af.connect(url, outbox=False, pool_size=common.POOL_SIZE) as db:
-        await db.migrate(SCHEMA, namespace=namespace)
-        layout = db.layout(SCHEMA, namespace)
-        quote = db._engine.compiler.quote_identifier
-        table = ".".join(quote(p) for p in layout.table("counters").identifier.parts)
-        unit, close = await raw_unit(dialect, url, table)
-        try:
-            await run(unit, jobs[:200], concurrency)  # (warm-up)
-            rates["raw"] = units / await run(unit, jobs, concurrency)
-        finally:
-            await close()
-        mine = aiofragno_unit(db, namespace)
-        await run(mine, jobs[:200], concurrency)
-        rates["aiofragno"] = units / await run(mine, jobs, concurrency)
-    async with af.connect(url, outbox=True, pool_size=common.POOL_SIZE) as db:
-        await db.migrate(SCHEMA, namespace=namespace)
-        mine = aiofragno_unit(db, namespace)
-        await run(mine, jobs[:200], concurrency)
-        rates["aiofragno+outbox"] = units / await run(mine, jobs, concurrency)
-        layout = db.layout(SCHEMA, namespace)
-        if layout.db_schemas:
-            for name in layout.db_schemas:
-                await db.execute(af.sql("DROP SCHEMA {s} CASCADE", s=af.Identifier(name)))
-        else:
-            await db.execute(af.sql("DROP TABLE {t}", t=layout.table("counters").identifier))
-    return rates
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", choices=common.BACKENDS, default="sqlite")
-    parser.add_argument("--url", help="the database (default: the benchmarks' own)")
-    parser.add_argument("--units", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=16)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        url = args.url or (
-            f"sqlite:///{Path(tmp) / 'bench.db'}"
-            if args.backend == "sqlite"
-            else common.DEFAULT_URLS[args.backend]
+    url = target.url
+    async with contextlib.AsyncExitStack() as stack:
+        db = await stack.enter_async_context(
+            af.connect(url, outbox=False, pool_size=common.POOL_SIZE)
         )
-        rates = asyncio.run(measure(args.backend, url, args.units, args.concurrency))
-    raw = rates["raw"]
-    print(f"{args.backend}, {args.units} units x 2 upserts, concurrency {args.concurrency}:")
-    for name, rate in rates.items():
-        print(f"  {name:18} {rate:8.0f} units/s  ({rate / raw:.2f} x raw)")
+        odb = await stack.enter_async_context(
+            af.connect(url, outbox=True, pool_size=common.POOL_SIZE)
+        )
+        await odb.migrate(SCHEMA, namespace=namespace)
+        layout = db.layout(SCHEMA, namespace)
+        parts = layout.table("counters").identifier.parts
+        quote = db._engine.compiler.quote_identifier
+        table = ".".join(quote(p) for p in parts)
+        try:
+            raw, close = await raw_unit(target.dialect, url, table)
+            stack.push_async_callback(close)
+            engine = await sa.engine(target)
+            stack.push_async_callback(engine.dispose)
+            variants = dict(
+                zip(
+                    VARIANTS,
+                    [
+                        aiofragno_unit(db, namespace),
+                        aiofragno_unit(odb, namespace),
+                        raw,
+                        *sqlalchemy_units(target.dialect, engine, parts),
+                    ],
+                    strict=True,
+                )
+            )
+            for unit in variants.values():
+                await run(unit, jobs[:200], concurrency)  # (warm-up)
+
+            async def rate(unit: Unit) -> float:
+                return units / await run(unit, jobs, concurrency)
+
+            rates = await common.interleaved(
+                {name: partial(rate, unit) for name, unit in variants.items()}, rounds
+            )
+        finally:
+            if layout.db_schemas:
+                for name in layout.db_schemas:
+                    await db.execute(af.sql("DROP SCHEMA {s} CASCADE", s=af.Identifier(name)))
+            else:
+                await db.execute(af.sql("DROP TABLE {t}", t=layout.table("counters").identifier))
+    return {
+        "units_per_s": {k: statistics.median(v) for k, v in rates.items()},
+        "rounds": rates,
+        "ratios": {f"{a} / {b}": common.round_ratios(rates, a, b) for a, b in RATIOS},
+    }
+
+
+async def main(args: argparse.Namespace) -> None:
+    backends = common.BACKENDS if args.backend == "all" else args.backend.split(",")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for dialect in backends:
+            async with common.target(dialect, Path(tmp)) as target:
+                if target is not None:
+                    results[dialect] = await measure(
+                        target, args.units, args.concurrency, args.rounds
+                    )
+    common.print_table(
+        ["backend", *(f"{v}/s" for v in VARIANTS)],
+        [[d, *(f"{r['units_per_s'][v]:.0f}" for v in VARIANTS)] for d, r in results.items()],
+    )
+    print()
+    common.print_table(
+        ["backend", *(f"{a} / {b}" for a, b in RATIOS)],
+        [[d, *map(common.ratio_cell, r["ratios"].values())] for d, r in results.items()],
+    )
+    common.write_json(
+        args.json or common.default_json_path("upsert_mix"),
+        {
+            "benchmark": "upsert_mix",
+            "units": args.units,
+            "concurrency": args.concurrency,
+            "rounds": args.rounds,
+            "results": results,
+            "machine": common.machine_info({}),
+        },
+    )
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", default="all", help="sqlite,postgresql,mysql or all")
+    parser.add_argument("--units", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--json", type=Path, default=None)
+    asyncio.run(main(parser.parse_args()))

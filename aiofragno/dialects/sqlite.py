@@ -85,9 +85,11 @@ _BASE = DialectAdapter(
         # (No rows_array: the driver sends a batch in one round trip.)
         # "UNIQUE constraint failed: table.a, table.b": columns, not the index.
         unique_violation=r"UNIQUE constraint failed: (?P<columns>[^\[]+?)(?: \[|$)",
-        # (SUM of integers fails with "integer overflow" past 64 bits; ">>"
-        # shifts arithmetically, so the halves add up for negative values.)
+        # (SUM of integers fails with "integer overflow" past 64 bits: then
+        # the halves; ">>" shifts arithmetically, so they add up for
+        # negative values.)
         int_sum_halves=("SUM({x} >> 32)", "SUM({x} & 4294967295)"),
+        int_sum_overflow="integer overflow",
         # (These two registered on each connection: aiofragno.backends.sqlite_functions.)
         text_decimal_aggregate="aiofragno_decimal_{function}({x})",
         # (SQLite's LOWER folds ASCII only; this is Python's str.lower.)

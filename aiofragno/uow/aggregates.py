@@ -3,7 +3,8 @@ af.fn.sum("balance"), "n": af.fn.count()}, where=..., group_by=[...])``.
 
 Results are exact and the same on every backend: a count is an int; a sum
 of integers an int (never a float or a Decimal, and never an overflow: on
-SQLite it is summed as two 32-bit halves); a sum of decimals a Decimal;
+SQLite, whose SUM fails past 64 bits, the reads then run again with the
+sum as two 32-bit halves); a sum of decimals a Decimal;
 min and max a value of the column's type, decoded as in a row; an average
 a Decimal, computed from the exact sum and count. (Decimals stored as text,
 on SQLite, are aggregated by functions the dialect provides:
@@ -84,9 +85,12 @@ fn = _Functions()
 _Finish = Callable[[Sequence[Any]], Any]
 
 
-def _plan(table: TableInfo, catalog: Catalog, agg: AggregateFn) -> tuple[list[str], _Finish]:
+def _plan(
+    table: TableInfo, catalog: Catalog, agg: AggregateFn, split: bool
+) -> tuple[list[str], _Finish]:
     """The select expressions of ``agg`` on ``table`` and its finisher;
-    a ValidationError for a column it cannot aggregate exactly."""
+    a ValidationError for a column it cannot aggregate exactly. ``split``:
+    an integer sum as its two halves (see _expressions)."""
     if agg.column is None:
         return ["COUNT(*)"], lambda v: int(v[0])
     info = table.column(agg.column)
@@ -94,7 +98,8 @@ def _plan(table: TableInfo, catalog: Catalog, agg: AggregateFn) -> tuple[list[st
     if agg.function == "count":
         return [f"COUNT({x})"], lambda v: int(v[0])
     _check_kind(table, info, agg.function)
-    parts = _expressions(table, catalog, info, "sum" if agg.function == "avg" else agg.function)
+    function = "sum" if agg.function == "avg" else agg.function
+    parts = _expressions(table, catalog, info, function, split)
     if agg.function in ("min", "max"):
         decode = catalog.codec.decoder(info.kind)
         if decode is None:
@@ -106,9 +111,12 @@ def _plan(table: TableInfo, catalog: Catalog, agg: AggregateFn) -> tuple[list[st
     return [*parts, f"COUNT({x})"], lambda v: _avg(total(v[:-1]), v[-1])
 
 
-def _expressions(table: TableInfo, catalog: Catalog, info: ColumnInfo, function: str) -> list[str]:
+def _expressions(
+    table: TableInfo, catalog: Catalog, info: ColumnInfo, function: str, split: bool
+) -> list[str]:
     """The select expressions of ``function`` (sum, min or max) of a column:
-    one, or an integer sum's two halves where SUM would overflow."""
+    one, or an integer sum's two halves where SUM would fail past 64 bits
+    (``split``: after it did, or always where the failure is not known)."""
     x = info.qualified
     sql = catalog.adapter.sql
     if info.kind == "decimal" and table.decimal_as_text:
@@ -119,8 +127,10 @@ def _expressions(table: TableInfo, catalog: Catalog, info: ColumnInfo, function:
                 "Decimal values in Python"
             )
         return [sql.text_decimal_aggregate.format(function=function, x=x)]
-    if function == "sum" and info.kind != "decimal" and sql.int_sum_halves is not None:
-        return [half.format(x=x) for half in sql.int_sum_halves]
+    halves = sql.int_sum_halves
+    integer_sum = function == "sum" and info.kind != "decimal"
+    if integer_sum and halves is not None and (split or sql.int_sum_overflow is None):
+        return [half.format(x=x) for half in halves]
     return [f"{function.upper()}({x})"]
 
 
@@ -165,6 +175,7 @@ class _Plan:
         names: tuple[str, ...],
         aggregates: tuple[AggregateFn, ...],
         group_by: tuple[str, ...],
+        split: bool,
     ) -> None:
         quote = catalog.compiler.quote_identifier
         columns: list[str] = []
@@ -188,7 +199,7 @@ class _Plan:
         self.group_columns = ", ".join(columns)
         self.finishers: list[tuple[str, slice, _Finish]] = []
         for alias, agg in zip(names, aggregates, strict=True):
-            parts, finish = _plan(table, catalog, agg)
+            parts, finish = _plan(table, catalog, agg, split)
             self.finishers.append((alias, slice(len(columns), len(columns) + len(parts)), finish))
             columns.extend(parts)
         self.select_columns = ", ".join(columns)
@@ -222,15 +233,29 @@ class Aggregate(RetrievalOp[ResultT]):
         self.aggregates = tuple(aggregates.values())
         self._check_names()
         self.where = where_expr(where)
-        key = ("aggregate", self.names, self.aggregates, self.group_by)
-        plan = table.plans.get(key)
+        self.split = False
+        self._use_plan(catalog)
+
+    def _use_plan(self, catalog: Catalog) -> None:
+        key = ("aggregate", self.names, self.aggregates, self.group_by, self.split)
+        plan = self.table.plans.get(key)
         if plan is None:
-            plan = table.plans[key] = _Plan(
-                catalog, table, self.names, self.aggregates, self.group_by
+            plan = self.table.plans[key] = _Plan(
+                catalog, self.table, self.names, self.aggregates, self.group_by, self.split
             )
         self._plan = plan
         self.select_columns = plan.select_columns
         self.select_from = plan.select_from
+
+    def split_sums(self, catalog: Catalog) -> bool:
+        """Sum integers as their two halves from now on (SUM failed past 64
+        bits); False if that changes nothing here."""
+        if self.split:
+            return False
+        self.split = True
+        before = self.select_columns
+        self._use_plan(catalog)
+        return self.select_columns != before
 
     def _check_names(self) -> None:
         for name, agg in zip(self.names, self.aggregates, strict=True):
@@ -265,6 +290,7 @@ class Aggregate(RetrievalOp[ResultT]):
             None if self.where is None else self.where.shape(),
             self.aggregates,
             self.group_by,
+            self.split,
         )
         return compile_cached(catalog, self.table, shape, self.render)
 

@@ -200,6 +200,19 @@ def _column_info(catalog: Catalog, column: Column) -> ColumnInfo:
 MAX_EQUAL_TABLES = 64
 
 
+class SqlCache(dict[Any, str]):
+    """Statement texts by shape, at most :attr:`capacity` of them: past that,
+    the oldest is dropped (a LIMIT's count is part of the text, so a page
+    size taken from user input must not grow the cache without end)."""
+
+    capacity = 4096
+
+    def __setitem__(self, key: Any, text: str) -> None:
+        if len(self) >= self.capacity and key not in self:
+            del self[next(iter(self))]
+        super().__setitem__(key, text)
+
+
 class Catalog:
     """Everything compiled once per (Database, layout)."""
 
@@ -215,7 +228,7 @@ class Catalog:
         self.compiler = compiler
         self.codec = codec
         self.adapter = adapter
-        self.sql_cache: dict[Any, str] = {}
+        self.sql_cache = SqlCache()
         # (row type, table, join tree shape) already checked (see joins.check_tree_row)
         self.checked_row_types: set[Any] = set()
         self._tables: dict[str, TableInfo] = {}

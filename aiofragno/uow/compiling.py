@@ -53,6 +53,15 @@ class Compiling:
         if writer is not None:
             writer.slot()
 
+    def limit(self, count: int) -> None:
+        """A LIMIT's row count, written into the text, not bound: PostgreSQL
+        cannot plan ``LIMIT $n`` once for every execution (its generic plan
+        guesses the count), so it plans such a statement again each time it
+        runs, which costs a join's combined read more than running it.
+        ``count`` is an exact int (the callers make it one), so its digits are
+        all the text holds."""
+        self.text(int.__repr__(count))
+
     def value(self, column: str, value: Any) -> None:
         """A parameter for ``column`` (see :func:`bind`); a reference looked up
         by external id becomes a subquery for the row's internal id."""

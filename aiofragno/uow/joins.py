@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, get_args, get_origin
 
 from ..brief import brief
@@ -156,6 +157,7 @@ class _Node:
         self.key, self.spec, self.table, self.link = key, spec, table, link
         self.children: list[_Node] = []
         self.where: Expr | None = None
+        self.per_parent: int | None = None  # a many's limit
 
 
 def _resolve(
@@ -231,7 +233,10 @@ def _many(catalog: Catalog, parent: TableInfo, key: str, spec: Many) -> _Node:
         not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit < 2**63
     ):
         raise ValidationError(f"join {key!r}: limit must be a positive int, got {brief(limit)}")
-    return _Node(key, spec, table, info.name)
+    node = _Node(key, spec, table, info.name)
+    # (An exact int: its digits go into the text, see Compiling.limit.)
+    node.per_parent = None if limit is None else int.__index__(limit)
+    return node
 
 
 class _CompiledWhenQueued:
@@ -256,7 +261,7 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         self.parent = parent
         self.many = isinstance(spec, Many)
         self.link = node.link
-        self.per_parent = spec.limit if isinstance(spec, Many) else None
+        self.per_parent = node.per_parent
         self.query = ReadRows.compile(self, catalog)
         self.joins = [JoinRead(catalog, child, self) for child in node.children]
         self._found: dict[str, Any] = {}
@@ -270,29 +275,31 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
             self.parent.shape(),
             None if self.where is None else self.where.shape(),
             self.order,
-            self.per_parent is not None,
+            self.per_parent,  # (written into the text: see Compiling.limit)
         )
 
     def reads(self) -> list[JoinRead]:
         """This read and those of the joins below it."""
         return [self, *(read for join in self.joins for read in join.reads())]
 
-    def render_from(self, ctx: Compiling) -> None:
+    def render_from(self, ctx: Compiling, *, keys_only: bool = False) -> None:
+        # (No limit of its own: as the parent of a join, the same rows.)
         table = self.table
         order = ", ".join(
             [f"{table.column(n).qualified}{' DESC' if desc else ''}" for n, desc in self.order]
             + [table.internal_id]
         )
-        if self.per_parent is None:
+        limit = self.per_parent
+        if limit is None:
             ctx.text(f"{table.select_from} WHERE ")
             self._render_matching(ctx)
         elif ctx.catalog.adapter.capabilities.supports_lateral:
             ctx.text(f"{table.select_from} WHERE ")
-            self._render_lateral(ctx, order)
+            self._render_lateral(ctx, order, limit)
         elif ctx.catalog.adapter.capabilities.supports_limit_in_subquery:
-            self._render_correlated(ctx, order)
+            self._render_correlated(ctx, order, limit)
         else:
-            self._render_numbered(ctx, order)
+            self._render_numbered(ctx, order, limit)
         if self.many:
             ctx.text(f" ORDER BY {order}")
 
@@ -311,7 +318,7 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
     def _render_parent_keys(self, ctx: Compiling, key: str) -> None:
         """The parent's read as derived table ``p``, its one column ``k`` (``key``)."""
         ctx.text(f"(SELECT {key} AS k FROM ")
-        _render_on(ctx, self.parent.table, self.parent.render_from)
+        _render_on(ctx, self.parent.table, partial(self.parent.render_from, keys_only=True))
         ctx.text(") p")
 
     def _render_where(self, ctx: Compiling) -> None:
@@ -319,8 +326,8 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
             ctx.text(" AND ")
             self.where.render(ctx)
 
-    def _render_numbered(self, ctx: Compiling, order: str) -> None:
-        """A many's first ``per_parent`` rows per parent: the ids of all
+    def _render_numbered(self, ctx: Compiling, order: str, limit: int) -> None:
+        """A many's first ``limit`` rows per parent: the ids of all
         matching rows, numbered per parent in order (ROW_NUMBER()), joined
         back to the table up to that number. The numbered ids come first in
         the FROM, so that the planner starts from them: MariaDB, given
@@ -336,10 +343,10 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         ctx.text(
             f") w JOIN {table.sql_name} {ALIAS} ON {table.internal_id} = w.k{joins} WHERE w.n <= "
         )
-        ctx.raw_value(self.per_parent)
+        ctx.limit(limit)
 
-    def _render_correlated(self, ctx: Compiling, order: str) -> None:
-        """A many's first ``per_parent`` rows per parent: each parent's key
+    def _render_correlated(self, ctx: Compiling, order: str, limit: int) -> None:
+        """A many's first ``limit`` rows per parent: each parent's key
         joined to its own rows, those in a correlated ``IN (... LIMIT)``."""
         table = self.table
         joins = table.select_from.removeprefix(f"{table.sql_name} {ALIAS}")
@@ -351,11 +358,11 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         )
         self._render_where(ctx)
         ctx.text(f" ORDER BY {order} LIMIT ")
-        ctx.raw_value(self.per_parent)
+        ctx.limit(limit)
         ctx.text(f"){joins}")
 
-    def _render_lateral(self, ctx: Compiling, order: str) -> None:
-        """A many's first ``per_parent`` rows per parent: for each parent, a
+    def _render_lateral(self, ctx: Compiling, order: str, limit: int) -> None:
+        """A many's first ``limit`` rows per parent: for each parent, a
         LIMIT over its own rows (which an index on the reference and order
         columns reads no further than that)."""
         table = self.table
@@ -367,7 +374,7 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         )
         self._render_where(ctx)
         ctx.text(f" ORDER BY {order} LIMIT ")
-        ctx.raw_value(self.per_parent)
+        ctx.limit(limit)
         ctx.text(") w)")
 
     def accept(self, rows: Sequence[Sequence[Any]]) -> None:

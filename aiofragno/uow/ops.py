@@ -12,6 +12,7 @@ render would bind them.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 from abc import ABC, abstractmethod
@@ -246,6 +247,8 @@ class ReadRows(RetrievalOp[ResultT]):
             raise ValidationError(
                 f"limit must be a positive int below 2**63 - 1, got {brief(limit)}"
             )
+        if limit is not None:
+            limit = int.__index__(limit)  # (an exact int: its digits go into the text)
         # A plain dict of equalities, the common case, stays a dict (a copy):
         # :meth:`compile` binds its values without building a condition.
         self.equal: dict[str, Any] | None = None
@@ -274,17 +277,14 @@ class ReadRows(RetrievalOp[ResultT]):
         )
 
     def _cursor_key(self) -> str:
-        # The physical table: a cursor from the same table in another
-        # namespace is no position in this one.
-        text = json.dumps([self.table.identity.physical, self.order])
-        return hashlib.sha1(text.encode()).hexdigest()[:8]
+        return _cursor_key(self.table.identity.physical, self.order)
 
     def shape(self) -> Any:
         return (
             "find",
             None if self.where is None else self.where.shape(),
             self.order,
-            self.limit is not None,
+            self.limit,  # (written into the text: see Compiling.limit)
             self.after is not None,
             self.select,
         )
@@ -294,9 +294,11 @@ class ReadRows(RetrievalOp[ResultT]):
             ctx.text(f"SELECT {self.select_columns} FROM ")
         self.render_from(ctx)
 
-    def render_from(self, ctx: Compiling) -> None:
+    def render_from(self, ctx: Compiling, *, keys_only: bool = False) -> None:
         """The read after ``SELECT <select_columns> FROM``: the table and its
-        joins, the conditions, the order and the limit."""
+        joins, the conditions, the order and the limit. ``keys_only``: as
+        the rows a join's read embeds, which are the page itself, without
+        the one more row that tells whether another page exists."""
         table = self.table
         ctx.text(self.select_from)
         where = self.where if self.equal is None else where_expr(self.equal)
@@ -315,7 +317,8 @@ class ReadRows(RetrievalOp[ResultT]):
             ctx.text(f" ORDER BY {', '.join([*keys, table.internal_id])}")
         if self.limit is not None:
             ctx.text(" LIMIT ")
-            ctx.raw_value(self.limit + 1)  # one more tells whether another page exists
+            # One more tells whether another page exists.
+            ctx.limit(self.limit if keys_only else self.limit + 1)
 
     def _render_keyset(self, ctx: Compiling, values: list[Any]) -> None:
         """Rows after ``values`` in the order: (a, b, _id) > (va, vb, vid),
@@ -358,18 +361,25 @@ class ReadRows(RetrievalOp[ResultT]):
             param, looked_up = _bind_value(table, info, value)
             params.append(param)
             variant.append(looked_up)
-        if self.limit is not None:
-            params.append(self.limit + 1)
         key = (
             table.name,
             "find=",
             tuple(self.equal),
             tuple(variant),
             self.order,
-            self.limit is not None,
+            self.limit,
             self.select,
         )
         return CompiledQuery(cached_text(catalog, table, key, self.render), tuple(params))
+
+
+@functools.lru_cache(maxsize=1024)
+def _cursor_key(physical: tuple[str, ...], order: tuple[tuple[str, bool], ...]) -> str:
+    """What a cursor names its table and order by. The physical table: a
+    cursor from the same table in another namespace is no position in this
+    one. (Cached: every page with a next one makes a cursor.)"""
+    text = json.dumps([physical, order])
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
 class Find(ReadRows[FindResult[RowT]]):

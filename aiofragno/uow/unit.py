@@ -7,7 +7,7 @@ from types import EllipsisType
 from typing import Any, TypeVar, overload
 
 from ..driver import CompiledQuery, QueryResult
-from ..errors import ValidationError
+from ..errors import ProgrammingError, ValidationError
 from ..schema import RowId, Table
 from .aggregates import Aggregate, AggregateFn
 from .bulk import All, BulkWrite, create_rows, expand, queue_bulk
@@ -237,22 +237,46 @@ class UnitOfWork:
         reads, self._reads = self._reads, []
         if not reads:
             return
+        queries = self._compile(reads)
+        if self._dry_run:
+            for op in reads:
+                op.empty()
+            return
+        try:
+            rows = await self._run(reads, queries)
+        except ProgrammingError as exc:
+            if not self._split_sums(reads, exc):
+                raise
+            # (Reads have no effects: running them again is safe.)
+            rows = await self._run(reads, self._compile(reads))
+        for op, values in zip(reads, rows, strict=True):
+            op.accept(values)
+
+    def _compile(self, reads: Sequence[RetrievalOp[object]]) -> list[CompiledQuery]:
         queries = [op.compile(self._catalog) for op in reads]
         self._check_sizes(reads, queries)
         if self._on_query is not None:
             for query in queries:
                 self._on_query(query)
-        if self._dry_run:
-            for op in reads:
-                op.empty()
-            return
+        return queries
+
+    async def _run(
+        self, reads: Sequence[RetrievalOp[object]], queries: Sequence[CompiledQuery]
+    ) -> list[list[Sequence[Any]]]:
+        """Each read's rows: one statement where the reads combine, else a batch."""
         combined = combine_reads(self._catalog, reads, queries)
         if combined is None:
-            rows = [[row.raw for row in result.rows] for result in await self._reader(queries)]
-        else:
-            rows = split_reads(reads, (await self._reader([combined]))[0])
-        for op, values in zip(reads, rows, strict=True):
-            op.accept(values)
+            return [[row.raw for row in result.rows] for result in await self._reader(queries)]
+        return split_reads(reads, (await self._reader([combined]))[0])
+
+    def _split_sums(self, reads: Sequence[RetrievalOp[object]], exc: ProgrammingError) -> bool:
+        """Whether ``exc`` is SUM failing past 64 bits (where it fails: SQLite)
+        and an aggregate among ``reads`` now sums its integers as two halves."""
+        overflow = self._catalog.adapter.sql.int_sum_overflow
+        if overflow is None or overflow not in str(exc):
+            return False
+        split = [op.split_sums(self._catalog) for op in reads if isinstance(op, Aggregate)]
+        return any(split)
 
     def _check_sizes(
         self, reads: Sequence[RetrievalOp[object]], queries: Sequence[CompiledQuery]

@@ -109,6 +109,33 @@ async def test_aggregates_are_exact_and_typed(ledger: Env) -> None:
     assert count == 4
 
 
+async def test_sums_past_64_bits_run_again_as_halves(ledger: Env) -> None:
+    """Where SUM fails past 64 bits (SQLite), an integer sum is one SUM until
+    it does; then the retrieve's reads all run again, the sum as two halves:
+    exact either way, below -2**63 too, and the other reads' results right."""
+    ann, _ = await _seed(ledger)
+    await ledger.create("entries", *({"owner": ann, "big": -(2**62)} for _ in range(5)))
+    texts: list[str] = []
+
+    async def unit(uow: af.UnitOfWork) -> tuple[Any, ...]:
+        fits = uow.aggregate("entries", {"s": af.fn.sum("big")}, {"kind": "b"})
+        low = uow.aggregate("entries", {"s": af.fn.sum("big")}, af.c.big < 0)
+        qty = uow.aggregate("entries", {"q": af.fn.sum("qty"), "n": af.fn.count()})
+        n = uow.count("entries")
+        await uow.retrieve()
+        return fits.result, low.result, qty.result, n.result
+
+    results = await ledger.run(unit, on_query=lambda q: texts.append(q.sql))
+    assert results == ({"s": -5}, {"s": -5 * 2**62 - 5}, {"q": 7, "n": 9}, 9)
+    assert all(type(r["s"]) is int for r in results[:2])
+    if ledger.db._engine.adapter.sql.int_sum_overflow is None:
+        assert len(texts) == 4 and not any(">>" in t for t in texts)
+        return
+    # The first four failed on the -5 * 2**62 sum; all four again, split.
+    assert len(texts) == 8 and not any(">>" in t for t in texts[:4])
+    assert [">>" in t for t in texts[4:]] == [True, True, True, False]
+
+
 async def test_group_by(ledger: Env) -> None:
     ann, bob = await _seed(ledger)
 

@@ -10,6 +10,7 @@ afterwards (the fixtures are in conftest.py, the helpers in uow_env.py)."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 
 import aiofragno as af
 from aiofragno.session import Session
+from aiofragno.uow.catalog import SqlCache
 from tests.conformance.uow_env import Env, MakeEnv, seed_accounts
 
 pytestmark = pytest.mark.anyio
@@ -266,6 +268,61 @@ async def test_one_round_trip_per_retrieve(shop: Env, monkeypatch: pytest.Monkey
     assert len(batches) == 1
     if shop.db._engine.adapter.sql.rows_array is not None:  # one statement
         assert batches == [1]
+
+
+class _SlyInt(int):
+    """An int whose text and arithmetic lie: a limit is written into the
+    statement, so only its value may reach it."""
+
+    def __repr__(self) -> str:
+        return "1; DROP TABLE accounts"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return repr(self)
+
+    def __add__(self, other: object) -> Any:
+        return "1) OR (1=1"
+
+
+async def test_limits_are_written_as_digits(shop: Env) -> None:
+    """A find's and a join's limits go into the SQL as their digits (an int
+    subclass's text cannot reach it); the join embeds its parent's page
+    without the one more row that only tells of a next page; the cache of
+    statement texts, keyed by those limits now, stays bounded."""
+    ids = await seed_transfers(shop)
+    texts: list[str] = []
+
+    async def page(uow: af.UnitOfWork) -> af.FindResult:
+        rows = uow.find(
+            "accounts",
+            order_by="owner",
+            limit=_SlyInt(2),
+            join={"last": af.many("transfers", by="src", order_by="amount", limit=_SlyInt(1))},
+        )
+        await uow.retrieve()
+        return rows.result
+
+    rows = await shop.run(page, on_query=lambda q: texts.append(q.sql))
+    assert [(r["owner"], [t["amount"] for t in r["last"]]) for r in rows] == [
+        ("alice", [1]),
+        ("bob", [3]),
+    ]
+    assert rows.cursor is not None and rows[0]["last"][0]["src"] == ids["alice"]
+    joined, find = texts
+    assert "DROP" not in joined + find and "OR (1=1" not in joined + find
+    # The find reads one more row (is there a next page?); the join's
+    # embedded copy of it reads the page only.
+    assert re.findall(r"LIMIT ([^\s)]+)", find) == ["3"]
+    # (MariaDB numbers each parent's rows: "w.n <= 1" instead of a LIMIT.)
+    assert sorted(re.findall(r"(?:LIMIT|w\.n <=) ([^\s)]+)", joined)) == ["1", "2"]
+
+    cache = SqlCache()
+    cache.capacity = 3
+    for n in range(10):
+        cache[("find", n)] = f"SELECT {n}"
+    assert list(cache) == [("find", 7), ("find", 8), ("find", 9)]
 
 
 def _bad_joins() -> list[tuple[str, dict[str, Any], dict[str, Any], str]]:

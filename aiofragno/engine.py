@@ -29,7 +29,6 @@ from .driver import (
     DialectAdapter,
     IsolationLevel,
     Listens,
-    QueryResult,
     leading_keyword,
 )
 from .errors import (
@@ -43,7 +42,7 @@ from .errors import (
 )
 from .hosts import HostStatus
 from .outbox.writer import EntryStatements, KeyedStatements, OutboxStatements, TickedStatements
-from .queries import Queries, Read
+from .queries import Queries, Read, whole_result
 from .resilience import (
     FAILOVER_MAX_DELAY,
     MAX_DELAY,
@@ -217,55 +216,41 @@ class Engine(Queries):
                 "open a new one with af.connect()"
             )
 
-    async def _run(self, query: Fragment, read: Read[T]) -> T:
-        # (No transaction open in this context, the usual case, costs no call.)
-        if transaction_stack.get() is not None:
-            tx = current_transaction(self)
-            if tx is not None:
-                return read(await tx.execute(query))
-        compiled = self.compiler.compile(query)
-        # (An idle connection, the usual case, takes no coroutine of its own;
-        # acquire raises DatabaseClosed, and waits out the deadline while the
-        # server is unreachable, so its failure is not retried below.)
-        connection = None if self._closed else self._driver.take_idle_connection()
-        if connection is None:
-            connection = (await self.acquire()).connection
-        try:
-            return read(await self._execute(compiled, connection))
-        except (ConnectionLost, DatabaseUnavailable) as exc:
-            # Only plain SELECTs are retried after a lost connection: anything
-            # else (INSERT ... RETURNING through fetch, say) might have taken
-            # effect.
-            if leading_keyword(compiled.sql) != "select" or not is_retryable_loss(exc):
-                raise
-            return read(
-                await retry_read_after(
-                    exc,
-                    self.options.reconnect_deadline,
-                    functools.partial(self._run_again, compiled),
-                )
-            )
-
     def _stream(self, query: Fragment, batch_size: int) -> Stream:
         tx = current_transaction(self)
         if tx is not None:
             return tx._stream(query, batch_size)
         return EngineStream(self, self.compiler.compile(query), batch_size)
 
-    async def _run_again(self, compiled: CompiledQuery) -> QueryResult:
-        return await self._execute(compiled, (await self.acquire()).connection)
-
-    async def _execute(self, compiled: CompiledQuery, connection: Connection) -> QueryResult:
-        """``compiled`` on ``connection`` (just checked out), outside any
-        transaction; the connection released after. A statement that may
+    async def _run(
+        self, query: Fragment, read: Read[T], compiled: CompiledQuery | None = None
+    ) -> T:
+        """``query`` in the transaction open in this context, if any, else on
+        a connection of the pool; ``read(result)``. A statement that may
         change the session (see :attr:`DialectAdapter.session_changes`) gets
-        its connection reset before reuse; one that leaves a transaction
-        open is refused.
+        its connection reset before reuse; one that leaves a transaction open
+        is refused. A plain SELECT that lost its connection is run again
+        (``compiled`` given: this is that retry, which is not retried itself).
+        One coroutine per query: the query methods return it as it is.
 
-        (What :meth:`Session.execute` and :meth:`release` do, for the usual
-        statement that succeeds and leaves the connection clean: the Session
-        that notes what happened to the connection is made only when
-        something did.)"""
+        (What :meth:`acquire`, :meth:`Session.execute` and :meth:`release`
+        do, for the usual statement that succeeds and leaves the connection
+        clean: the Session that notes what happened to the connection is
+        made only when something did.)"""
+        # (No transaction open in this context, the usual case, costs no call.)
+        if transaction_stack.get() is not None:
+            tx = current_transaction(self)
+            if tx is not None:
+                return read(await tx.execute(query))
+        retry = compiled is None
+        if compiled is None:
+            compiled = self.compiler.compile(query)
+        # (An idle connection, the usual case, takes no coroutine of its own;
+        # acquire raises DatabaseClosed, and waits out the deadline while the
+        # server is unreachable, so its failure is not retried below.)
+        connection = None if self._closed else self._driver.take_idle_connection()
+        if connection is None:
+            connection = (await self.acquire()).connection
         dirty = self.adapter.session_changes(compiled.sql)
         if logger.isEnabledFor(logging.DEBUG):
             log_statement(compiled)
@@ -275,6 +260,19 @@ class Engine(Queries):
             session = self._session(connection, dirty)
             error = session.settle(exc)
             await self.release(session)
+            # Only plain SELECTs are retried after a lost connection: anything
+            # else (INSERT ... RETURNING through fetch, say) might have taken
+            # effect.
+            if (
+                retry
+                and isinstance(error, ConnectionLost | DatabaseUnavailable)
+                and leading_keyword(compiled.sql) == "select"
+                and is_retryable_loss(error)
+            ):
+                if error is not exc:
+                    error.__cause__ = exc  # (as `raise error from exc` would)
+                again = functools.partial(self._run, query, whole_result, compiled)
+                return read(await retry_read_after(error, self.options.reconnect_deadline, again))
             if error is exc:
                 raise
             raise error from exc
@@ -288,7 +286,7 @@ class Engine(Queries):
             )
         if dirty or not self._driver.return_idle_connection(connection):
             await self.release(self._session(connection, dirty))
-        return result
+        return read(result)
 
     def _session(self, connection: Connection, dirty: bool) -> Session:
         session = Session(connection, self.dialect.translate_error)

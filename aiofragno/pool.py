@@ -10,6 +10,7 @@ trip — on every release, and their health and cancellation rules differ.)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -69,8 +70,10 @@ class Pool:
         self._connect = connect
         self.size = size
         self._acquire_timeout = acquire_timeout
-        self._max_lifetime = max_lifetime
-        self._max_idle = max_idle
+        # (None is no limit: infinity, so that a freshness check compares
+        # without asking which limits are set.)
+        self._max_lifetime = math.inf if max_lifetime is None else max_lifetime
+        self._max_idle = math.inf if max_idle is None else max_idle
         self._pre_ping = pre_ping
         self._slots = Slots(size, acquire_timeout)
         self._idle: list[_Idle] = []
@@ -121,12 +124,18 @@ class Pool:
             return None
         if self._bound_to_loop and runtime.asyncio_loop() is not self._loop:
             self._check_loop()
-        entry = idle[-1]
-        if not self._fresh(entry) or not self._slots.take():
+        connection, created, released = idle[-1]
+        # (_fresh written out: the usual checkout makes no call of its own for it.)
+        now = runtime.monotonic()
+        if (
+            now - created > self._max_lifetime
+            or now - released > self._max_idle
+            or connection.is_closed
+            or not self._slots.take()
+        ):
             return None
         idle.pop()
-        connection = entry[0]
-        self._in_use[connection] = entry[1]
+        self._in_use[connection] = created
         return connection
 
     def put_back(self, connection: Connection) -> bool:
@@ -196,12 +205,12 @@ class Pool:
     def _fresh(self, entry: _Idle) -> bool:
         """Not seen closed, and within ``max_lifetime`` and ``max_idle``."""
         connection, created, released = entry
-        if connection.is_closed:
-            return False
         now = runtime.monotonic()
-        if self._max_lifetime is not None and now - created > self._max_lifetime:
-            return False
-        return self._max_idle is None or now - released <= self._max_idle
+        return (
+            now - created <= self._max_lifetime
+            and now - released <= self._max_idle
+            and not connection.is_closed
+        )
 
 
 def _closed() -> DatabaseClosed:

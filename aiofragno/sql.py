@@ -372,7 +372,11 @@ class SqlCompiler:
                 kind = type(value)
                 if kind in plain:
                     encoder = encoders.get(kind)
-                    params.append(value if encoder is None else encoder(value))
+                    # (unicode_text's usual case, ASCII text, without its call)
+                    if encoder is None or (encoder is unicode_text and value.isascii()):
+                        params.append(value)
+                    else:
+                        params.append(encoder(value))
                 elif kind is Identifier or (
                     kind is Fragment and (value._params == {} or value._has_no_values())
                 ):

@@ -200,9 +200,16 @@ def _subclass_literal(value: Any) -> str:
 def _bind(sql: str, parameters: Sequence[Any]) -> str:
     """``sql`` with ``parameters`` as literals (``%`` in ``sql`` itself comes
     doubled from the compiler, so the formatting runs even without any)."""
-    # (_literal written out: one call per value, not two.)
+    # (_literal written out, in a loop rather than a comprehension: one call
+    # per value, and none of the loop's own.)
     literals, other = _LITERALS, _subclass_literal
-    return sql % tuple([literals.get(type(value), other)(value) for value in parameters])
+    written = []
+    for value in parameters:
+        if type(value) is str and "\\" not in value:  # (_text's usual case, without its call)
+            written.append("'" + value.replace("'", "''") + "'")
+        else:
+            written.append(literals.get(type(value), other)(value))
+    return sql % tuple(written)
 
 
 # How much SQL text one round trip carries at most (in characters, up to 4
@@ -296,7 +303,11 @@ class AsyncmyConnection:
             index, utc = _columns(description)
             if utc:
                 tuples = _utc_rows(utc, tuples)
-            read = QueryResult([Row(index, values) for values in tuples], len(tuples))
+            # (_rows written out, with a loop: a comprehension is a call of its own.)
+            rows = []
+            for values in tuples:
+                rows.append(Row(index, values))
+            read = QueryResult(rows, len(rows))
         if result.has_next:
             # (Text holding more statements: the cursor reads their
             # results too, errors included, so that the next command can go.)

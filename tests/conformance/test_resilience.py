@@ -611,6 +611,29 @@ async def test_cut_during_retrieval_is_retried(server: Server, bank: Bank, outbo
     await audit(load, strict=True)
 
 
+async def test_lost_plain_select_is_run_again_and_no_other_statement_is(
+    server: Server, bank: Bank
+) -> None:
+    """``db.fetch`` of a plain SELECT whose reply is lost (the server ran it)
+    runs it once more on a fresh connection and returns its rows; a read that
+    is not a plain SELECT (``WITH ...``, which could be a data-changing CTE)
+    lost the same way raises ConnectionLost, and is not sent again."""
+    async with server.proxied(pool_size=2) as (proxy, db):
+        await db.fetch(af.sql("SELECT 1 AS one"))
+        proxy.drop_after(b"lost-plain-select", forward=True)
+        with anyio.fail_after(TEST_LIMIT):
+            rows = await db.fetch(af.sql("SELECT {m} AS m", m="lost-plain-select"))
+        assert proxy.drops == 1, "the fault was not injected"
+        assert [row["m"] for row in rows] == ["lost-plain-select"]
+        proxy.drop_after(b"lost-with-read", forward=True)
+        with anyio.fail_after(TEST_LIMIT), pytest.raises(af.ConnectionLost):
+            await db.fetch(
+                af.sql("WITH x AS (SELECT {m} AS m) SELECT m FROM x", m="lost-with-read")
+            )
+        assert proxy.drops == 2
+        assert await db.fetch_value(af.sql("SELECT {n} + 1 AS v", n=1)) == 2
+
+
 @pytest.mark.parametrize("outbox", [False, True], ids=["no-outbox", "outbox"])
 async def test_loss_before_commit_reruns_the_unit_once(
     server: Server, bank: Bank, outbox: bool

@@ -42,6 +42,7 @@ from .errors import (
     WrongEventLoop,
 )
 from .migrate import MigrationResult
+from .migration_plan import MigrationPlan, PlanStep
 from .outbox import (
     BrokerSink,
     Consumer,
@@ -52,7 +53,7 @@ from .outbox import (
     RedisSink,
     RelayError,
 )
-from .schema import Column, Index, Reference, RowId, Schema, Table, array, enum, varchar
+from .schema import Column, Dropped, Index, Reference, RowId, Schema, Table, array, enum, varchar
 from .sql import Fragment, Identifier, Json, sql
 from .stats import Stats
 from .streaming import Rows
@@ -101,6 +102,7 @@ __all__ = [
     "DatabaseUnavailable",
     "DeadLetter",
     "DeadlockDetected",
+    "Dropped",
     "Error",
     "ExponentialBackoff",
     "Find",
@@ -114,12 +116,14 @@ __all__ = [
     "Json",
     "LockTimeout",
     "MigrationError",
+    "MigrationPlan",
     "MigrationResult",
     "NatsSink",
     "NoRetry",
     "NotNullViolation",
     "OutboxCursorPruned",
     "OutboxEntry",
+    "PlanStep",
     "PoolTimeout",
     "ProgrammingError",
     "QueryCanceled",

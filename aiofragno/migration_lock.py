@@ -96,3 +96,26 @@ async def _run(session: Session, compile: Any, template: str | None, wait: float
         milliseconds=max(1, math.ceil(wait * 1000)),
     )
     return list((await session.execute(compile(query))).rows)
+
+
+@asynccontextmanager
+async def held_online(
+    session: Session, compile: Any, spec: DdlSpec, wait: float
+) -> AsyncIterator[None]:
+    """The migration lock as a session lock (PostgreSQL), for the steps that
+    run outside any transaction; its wait, and theirs, bounded by ``wait``."""
+    try:
+        for template in spec.online_lock_sql:
+            await _run(session, compile, template, wait)
+    except LockTimeout as exc:
+        raise MigrationError(
+            f"another migration holds the migration lock: it was not free within "
+            f"lock_timeout={wait} s to build the indexes online; migrate again once it has "
+            "finished (the steps before were applied), or pass a larger lock_timeout"
+        ) from exc
+    try:
+        yield
+    finally:
+        if not session.broken:
+            for template in spec.online_unlock_sql:
+                await _run(session, compile, template, wait)

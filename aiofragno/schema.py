@@ -230,19 +230,27 @@ class Column:
         *,
         nullable: bool = False,
         default: Any = None,
+        renamed_from: str | None = None,
+        backfill: Any = None,
     ) -> None:
         _check_name("column", name)
+        if renamed_from is not None:
+            _check_name("column", renamed_from, f"renamed_from of column {name!r}")
         self.name = name
         self.nullable = bool(nullable)
         self.default = default
+        self.renamed_from = renamed_from
+        self.backfill = backfill
         self.kind, self.arg = _resolve_type(type, f"column {name!r}")
         self.length = self.arg if isinstance(self.arg, int) else None
-        if default is not None:
+        for what, value in (("default", default), ("backfill", backfill)):
+            if value is None:
+                continue
             try:
-                check_value(self.kind, default, self.arg)
+                check_value(self.kind, value, self.arg)
             except ValidationError as exc:
                 raise SchemaError(
-                    f"column {name!r}: default {default!r} does not fit {self.type_name}: {exc}"
+                    f"column {name!r}: {what} {value!r} does not fit {self.type_name}: {exc}"
                 ) from None
 
     @property
@@ -266,8 +274,15 @@ class Reference(Column):
     """A reference to a row of ``to_table`` in the same schema (stored as that
     row's internal id, with a foreign key)."""
 
-    def __init__(self, name: str, to_table: str, *, nullable: bool = False) -> None:
-        super().__init__(name, "bigint", nullable=nullable)
+    def __init__(
+        self,
+        name: str,
+        to_table: str,
+        *,
+        nullable: bool = False,
+        renamed_from: str | None = None,
+    ) -> None:
+        super().__init__(name, "bigint", nullable=nullable, renamed_from=renamed_from)
         _check_name("table", to_table, f"reference {name!r}")
         self.kind = "reference"
         self.to_table = to_table
@@ -278,10 +293,22 @@ class Reference(Column):
 
 
 class Index:
-    """An index over ``columns`` (unique if ``unique=True``)."""
+    """An index over ``columns`` (unique if ``unique=True``);
+    ``renamed_from="old"`` renames the database's index ``old`` to this one
+    instead of building a new one."""
 
-    def __init__(self, name: str, columns: Sequence[str], *, unique: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        columns: Sequence[str],
+        *,
+        unique: bool = False,
+        renamed_from: str | None = None,
+    ) -> None:
         _check_name("index", name)
+        if renamed_from is not None:
+            _check_name("index", renamed_from, f"renamed_from of index {name!r}")
+        self.renamed_from = renamed_from
         if isinstance(columns, str) or not columns:
             raise SchemaError(f"index {name!r}: columns must be a non-empty list of column names")
         self.name = name
@@ -289,6 +316,21 @@ class Index:
         self.unique = bool(unique)
         if len(set(self.columns)) != len(self.columns):
             raise SchemaError(f"index {name!r} names a column twice: {list(self.columns)}")
+
+
+class Dropped:
+    """A column (or, with ``index=True``, an index) the table no longer has
+    and whose data may go: ``af.Dropped("legacy")`` in a table's items makes
+    a migration drop it if the database still has it (recorded in the
+    settings table). Undeclared columns are otherwise never dropped."""
+
+    def __init__(self, name: str, *, index: bool = False) -> None:
+        _check_name("index" if index else "column", name, "af.Dropped")
+        self.name = name
+        self.index = bool(index)
+
+    def __repr__(self) -> str:
+        return f"Dropped({self.name!r}{', index=True' if self.index else ''})"
 
 
 RowT = TypeVar("RowT", default=dict[str, Any])
@@ -308,20 +350,23 @@ class Table(Generic[RowT]):
 
     @overload
     def __init__(
-        self: Table[dict[str, Any]], name: str, *items: Column | Index, outbox: bool = True
+        self: Table[dict[str, Any]],
+        name: str,
+        *items: Column | Index | Dropped,
+        outbox: bool = True,
     ) -> None: ...
 
     @overload
     def __init__(
         self: Table[Row2],
         name: str,
-        *items: Column | Index,
+        *items: Column | Index | Dropped,
         row: type[Row2],
         outbox: bool = True,
     ) -> None: ...
 
     def __init__(
-        self, name: str, *items: Column | Index, row: Any = None, outbox: bool = True
+        self, name: str, *items: Column | Index | Dropped, row: Any = None, outbox: bool = True
     ) -> None:
         _check_name("table", name)
         if not isinstance(outbox, bool):
@@ -331,6 +376,8 @@ class Table(Generic[RowT]):
         self.row: type[RowT] | None = row
         self.columns: dict[str, Column] = {}
         self.indexes: dict[str, Index] = {}
+        self.dropped: dict[str, Dropped] = {}
+        self.dropped_indexes: dict[str, Dropped] = {}
         for item in items:
             self._add(item)
         for index in self.indexes.values():
@@ -344,7 +391,7 @@ class Table(Generic[RowT]):
 
             check_row_type(row, self)
 
-    def _add(self, item: Column | Index) -> None:
+    def _add(self, item: Column | Index | Dropped) -> None:
         where = f"table {self.name!r}"
         if isinstance(item, Column):
             if item.name in RESERVED_COLUMNS:
@@ -357,8 +404,16 @@ class Table(Generic[RowT]):
             if item.name in self.indexes:
                 raise SchemaError(f"index {item.name!r} is declared twice in {where}")
             self.indexes[item.name] = item
+        elif isinstance(item, Dropped):
+            declared = self.indexes if item.index else self.columns
+            dropped = self.dropped_indexes if item.index else self.dropped
+            if item.name in declared or item.name in dropped:
+                raise SchemaError(f"{item!r} in {where} names one declared there already")
+            dropped[item.name] = item
         else:
-            raise SchemaError(f"{where}: expected Column, Reference or Index, got {item!r}")
+            raise SchemaError(
+                f"{where}: expected Column, Reference, Index or Dropped, got {item!r}"
+            )
 
     def column(self, name: str) -> Column:
         try:
@@ -377,6 +432,9 @@ class Table(Generic[RowT]):
                 {"name": i.name, "columns": list(i.columns), "unique": i.unique}
                 for i in self.indexes.values()
             ],
+            # (Only when there are: existing declarations keep their fingerprint.)
+            **({"dropped": sorted(self.dropped)} if self.dropped else {}),
+            **({"dropped_indexes": sorted(self.dropped_indexes)} if self.dropped_indexes else {}),
         }
 
 

@@ -365,7 +365,7 @@ class TableChanges:
     async def _check_duplicates(self, index: Index) -> None:
         m = self.migrator
         columns = [Identifier(self.live_names.get(c, c)) for c in index.columns]
-        listed = _join(columns)
+        listed = _join([sql("{c}", c=c) for c in columns])
         query = sql(
             "SELECT {cols}, COUNT(*) AS n FROM {t} WHERE {present} GROUP BY {cols} "
             "HAVING COUNT(*) > 1 ORDER BY COUNT(*) DESC LIMIT {limit}",

@@ -291,6 +291,9 @@ class Database(Queries):
         spec = self._ddl.spec
         session = await engine.acquire()
         try:
+            if spec.migration_setup_sql:
+                # (Reset on release should the teardown not run: cancelled.)
+                session.dirty = True
             for statement in spec.migration_setup_sql:
                 await session.execute(CompiledQuery(statement))
             try:

@@ -460,7 +460,11 @@ async def _plan(
     stored = await _stored_version(migrator, has_settings=bool(settings))
     version = _plan_records(migrator, pending, stored)
     state = database_state(sorted(live.items()), sorted(settings), stored)
-    plan = MigrationPlan(layout.namespace, version, state, tuple(migrator.steps))
+    # Steps built outside the transaction run after its commit: listed so.
+    outside = [s.online and spec.online_outside_transaction for s in migrator.steps]
+    steps = [s for s, o in zip(migrator.steps, outside, strict=True) if not o]
+    steps += [s for s, o in zip(migrator.steps, outside, strict=True) if o]
+    plan = MigrationPlan(layout.namespace, version, state, tuple(steps))
     planned = [d for c in changes.values() for d in c.handled]
     return (
         migrator,
@@ -517,6 +521,9 @@ async def run_online(
     steps = [s for s in plan.steps if s.online and spec.online_outside_transaction]
     if not steps:
         return
+    # (A session lock and setting: reset on release, should the unlock not
+    # run because the task was cancelled.)
+    session.dirty = True
     async with migration_lock.held_online(session, compile, spec, lock_timeout):
         for step in steps:
             try:

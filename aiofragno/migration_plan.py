@@ -68,7 +68,7 @@ class PlanStep:
     @property
     def title(self) -> str:
         where = "" if self.table is None else f" {self.table}"
-        subject = "" if self.subject is None else f".{self.subject}"
+        subject = "" if self.subject is None else f"{'.' if where else ' '}{self.subject}"
         flags = [
             name
             for name, on in (

@@ -280,7 +280,7 @@ ADAPTER = DialectAdapter(
         ),
         online_unlock_sql=(
             "SELECT pg_advisory_unlock(hashtext({key}))",
-            "SELECT set_config('lock_timeout', '0', FALSE)",
+            "RESET lock_timeout",
         ),
         invalid_index_sql="SELECT 1 AS invalid FROM pg_index x JOIN pg_class i "
         "ON i.oid = x.indexrelid JOIN pg_namespace n ON n.oid = i.relnamespace "

@@ -396,7 +396,9 @@ async def migrate(
             if expected is not None:
                 refuse_stale(expected, plan)
             if execute:
-                await run_plan(migrator, plan, transactional=transactional)
+                await run_plan(
+                    migrator, plan, transactional=transactional, lock_timeout=lock_timeout
+                )
             return result
         except MigrationError:
             raise
@@ -475,7 +477,9 @@ async def _plan(
     )
 
 
-async def run_plan(migrator: Migrator, plan: MigrationPlan, *, transactional: bool) -> None:
+async def run_plan(
+    migrator: Migrator, plan: MigrationPlan, *, transactional: bool, lock_timeout: float
+) -> None:
     """Run the steps of ``plan`` not built online outside the transaction.
     Without transactional DDL (MySQL), progress is recorded after each step
     (settings key ``<namespace>.migration_progress``) and a failure says
@@ -494,9 +498,12 @@ async def run_plan(migrator: Migrator, plan: MigrationPlan, *, transactional: bo
             progress = _progress(plan, number - 1, len(steps), f"failed at: {step.title}")
             with contextlib.suppress(Error):
                 await write_setting(migrator.session, migrator.compile, key, progress)
+            why = exc
+            if isinstance(exc, LockTimeout):
+                why = migration_lock.timed_out(lock_timeout, exc, plan.namespace)
             raise MigrationError(
                 f"migrating namespace {plan.namespace!r} stopped at step {number} of "
-                f"{len(steps)} ({step.title}): {exc}. Steps 1 to {number - 1} are applied "
+                f"{len(steps)} ({step.title}): {why}. Steps 1 to {number - 1} are applied "
                 f"(this database has no transactional DDL; recorded in {SETTINGS_TABLE} under "
                 f"{key!r}); fix the cause and migrate again: it carries on from there"
             ) from exc

@@ -31,7 +31,7 @@ from .outbox import OutboxReader
 from .ownership import INTERNAL_TABLES
 from .queries import Queries, Read
 from .schema import Schema, Table, TableIdentity, _check_name
-from .schema_changes import AllowDrop
+from .schema_changes import AllowDrop, check_allow_drop
 from .server_sessions import end_server_session_reconnecting
 from .sql import Fragment
 from .streaming import DEFAULT_BATCH_SIZE, Stream, check_batch_size
@@ -285,6 +285,12 @@ class Database(Queries):
         same name that is not aiofragno's, adding the columns of ours (see
         :mod:`aiofragno.ownership`)."""
         check_lock_timeout(lock_timeout)
+        check_allow_drop(allow_drop)
+        if plan is not None and not isinstance(plan, MigrationPlan):
+            raise ValidationError(
+                f"plan must be an af.MigrationPlan (db.migration_plan, MigrationPlan.from_json), "
+                f"got {type(plan).__name__}"
+            )
         layout = self.layout(schema, namespace)
         engine = self._engine
         transactional = engine.adapter.capabilities.supports_transactional_ddl

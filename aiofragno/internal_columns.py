@@ -7,8 +7,8 @@ value for every row that is there:
 * ``_version`` — added ``NOT NULL DEFAULT 0``;
 * ``_id`` — added as the primary key, numbered by the database (PostgreSQL
   identity, MySQL ``AUTO_INCREMENT``); SQLite cannot add a primary key, so
-  the table is rebuilt from the declaration (rename, create, copy with
-  ``_id`` = the old ``rowid``, drop) in the migration's transaction;
+  the table is rebuilt from the declaration (create, copy with ``_id`` =
+  the old ``rowid``, drop, rename) in the migration's transaction;
 * ``id`` — added ``NOT NULL DEFAULT ''``, each row given a new external id
   (UUIDv7, bound, 250 rows an ``UPDATE``), then made unique by the index
   ``<index prefix>_external_id``.
@@ -18,9 +18,10 @@ Rows keep their data and are read and written by units of work afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .introspection import LiveTable
+from .introspection import LiveColumn, LiveTable
 from .schema import EXTERNAL_ID, INTERNAL_ID, VERSION, new_external_id
 from .schema_diff import EXTERNAL_ID_INDEX
 from .sql import Fragment, Identifier, sql
@@ -37,7 +38,8 @@ def heal(migrator: Migrator, physical: PhysicalTable, live: LiveTable) -> bool:
     """Plan adding the internal columns ``live`` lacks; True when the table is
     rebuilt from the declaration (its declared columns and no index exist)."""
     ddl = migrator.ddl
-    migrator.step("add internal columns", physical.table.name, locks=True)
+    rebuilt = live.column(INTERNAL_ID) is None and not ddl.spec.add_primary_key
+    migrator.step("add internal columns", physical.table.name, locks=True, rewrites=rebuilt)
     table = ddl.name(physical.identifier)
     spec = ddl.spec
     if live.column(VERSION) is None:
@@ -79,29 +81,45 @@ def unique_external_ids(migrator: Migrator, physical: PhysicalTable) -> None:
 
 
 def _rebuild(migrator: Migrator, physical: PhysicalTable, live: LiveTable) -> None:
-    """Where a primary key cannot be added (SQLite): move the rows into the
-    table created from the declaration, ``_id`` taken from the ``rowid``
-    (unique placeholders for ``id`` where it is missing, replaced at once)."""
+    """Where a primary key cannot be added (SQLite): rebuild the table as
+    SQLite documents it — the table created from the declaration under a new
+    name (the live columns it does not declare kept as they are), the rows
+    copied with ``_id`` taken from the ``rowid`` (unique placeholders for
+    ``id`` where it is missing, replaced at once), the old table dropped, the
+    new one renamed. (Renaming the old table first would make the other
+    tables' foreign keys follow it, and then point at nothing.)"""
     ddl = migrator.ddl
     quote = ddl.quote
-    old = quote(f"{physical.name}__aiofragno_old")
-    migrator.run(f"ALTER TABLE {ddl.name(physical.identifier)} RENAME TO {old}")
-    migrator.run(ddl.create_table(physical, migrator.layout))
+    table = ddl.name(physical.identifier)
+    new = quote(f"{physical.name}__aiofragno_new")
+    ours = {n.lower() for n in (INTERNAL_ID, EXTERNAL_ID, VERSION, *physical.table.columns)}
+    kept = [c for c in live.columns if c.name.lower() not in ours]
+    migrator.run(
+        ddl.create_table(
+            physical, migrator.layout, name=new, extra=[live_definition(quote, c) for c in kept]
+        )
+    )
     copied = [
         quote(c.name) for c in physical.table.columns.values() if live.column(c.name) is not None
     ]
+    copied += [quote(c.name) for c in kept]
     if live.column(VERSION) is not None:
         copied.append(quote(VERSION))
     has_id = live.column(EXTERNAL_ID) is not None
     source = quote(EXTERNAL_ID) if has_id else "CAST(rowid AS TEXT)"
     targets = ", ".join([quote(INTERNAL_ID), quote(EXTERNAL_ID), *copied])
     values = ", ".join(["rowid", source, *copied])
-    migrator.run(
-        f"INSERT INTO {ddl.name(physical.identifier)} ({targets}) SELECT {values} FROM {old}"
-    )
-    migrator.run(f"DROP TABLE {old}")
+    migrator.run(f"INSERT INTO {new} ({targets}) SELECT {values} FROM {table}")
+    migrator.run(f"DROP TABLE {table}")
+    migrator.run(f"ALTER TABLE {new} RENAME TO {quote(physical.name)}")
     if not has_id:
         _assign_external_ids(migrator, physical)
+
+
+def live_definition(quote: Callable[[str], str], column: LiveColumn) -> str:
+    """A column definition restating ``column`` as the database has it."""
+    text = f"{quote(column.name)} {column.sql_type}{'' if column.nullable else ' NOT NULL'}"
+    return text if column.default is None else f"{text} DEFAULT {column.default}"
 
 
 def _assign_external_ids(migrator: Migrator, physical: PhysicalTable) -> None:

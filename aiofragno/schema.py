@@ -380,6 +380,8 @@ class Table(Generic[RowT]):
         self.dropped_indexes: dict[str, Dropped] = {}
         for item in items:
             self._add(item)
+        _check_renames("column", self.columns, self.dropped, name)
+        _check_renames("index", self.indexes, self.dropped_indexes, name)
         for index in self.indexes.values():
             for column in index.columns:
                 if column not in self.columns and column != EXTERNAL_ID:
@@ -436,6 +438,28 @@ class Table(Generic[RowT]):
             **({"dropped": sorted(self.dropped)} if self.dropped else {}),
             **({"dropped_indexes": sorted(self.dropped_indexes)} if self.dropped_indexes else {}),
         }
+
+
+def _check_renames(
+    what: str,
+    declared: dict[str, Column] | dict[str, Index],
+    dropped: dict[str, Dropped],
+    table: str,
+) -> None:
+    """A rename names one old name that is neither declared nor dropped,
+    and no two renames the same one."""
+    taken = {n.lower() for n in declared} | {n.lower() for n in dropped}
+    seen: set[str] = set()
+    for item in declared.values():
+        old = item.renamed_from
+        if old is None:
+            continue
+        if old.lower() in taken or old.lower() in seen:
+            raise SchemaError(
+                f"{what} {item.name!r} of table {table!r} is renamed_from={old!r}, which the "
+                f"table declares (or drops, or another {what} is renamed from) too"
+            )
+        seen.add(old.lower())
 
 
 class Schema:

@@ -31,7 +31,8 @@ from collections.abc import Collection, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .errors import MigrationError
+from .errors import MigrationError, ValidationError
+from .internal_columns import live_definition
 from .introspection import LiveColumn, LiveIndex, LiveTable
 from .migration_plan import PlanAction
 from .schema import EXTERNAL_ID, INTERNAL_ID, VERSION, Column, Index
@@ -80,6 +81,21 @@ def widening(live: LiveColumn, column: Column) -> str | None:
         elif kind == "string" and column.kind == "text":
             return "widen_text"
     return None
+
+
+def check_allow_drop(allow_drop: object) -> None:
+    """``allow_drop`` is a bool or a collection of ``"table.name"`` strings."""
+    if isinstance(allow_drop, bool):
+        return
+    if (
+        isinstance(allow_drop, str | bytes)
+        or not isinstance(allow_drop, Collection)
+        or not all(isinstance(n, str) and n.count(".") == 1 for n in allow_drop)
+    ):
+        raise ValidationError(
+            "allow_drop must be True, False or a collection of 'table.name' strings (the "
+            f"columns and indexes that may be dropped), got {allow_drop!r:.100}"
+        )
 
 
 class TableChanges:
@@ -287,7 +303,10 @@ class TableChanges:
         new = quote(new_name)
         m.run(
             ddl.create_table(
-                self.physical, m.layout, name=new, extra=[_definition(ddl.quote, c) for c in kept]
+                self.physical,
+                m.layout,
+                name=new,
+                extra=[live_definition(ddl.quote, c) for c in kept],
             )
         )
         names = ", ".join(
@@ -441,11 +460,6 @@ _ORDER = ["widen_integer", "widen_text", "null", "drop_default", "set_default", 
 def _template(change: str) -> str:
     """The DdlSpec.alter_column_sql key a change is made with."""
     return "type" if change.startswith("widen") else change
-
-
-def _definition(quote: Any, column: LiveColumn) -> str:
-    text = f"{quote(column.name)} {column.sql_type}{'' if column.nullable else ' NOT NULL'}"
-    return text if column.default is None else f"{text} DEFAULT {column.default}"
 
 
 def _create_index(quote: Any, table: str, index: LiveIndex) -> str:

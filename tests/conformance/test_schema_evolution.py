@@ -43,7 +43,9 @@ def _v1() -> af.Schema:
             af.Column("legacy", "string", nullable=True),
             af.Column("old_name", "string"),
             af.Index("by_title", ["title"]),
+            af.Index("by_flag", ["flag"]),
         ),
+        af.Table("tags", af.Reference("item", "items"), af.Column("tag", "string")),
     )
 
 
@@ -63,14 +65,17 @@ def _v2() -> af.Schema:
             af.Index("by_title2", ["title"], renamed_from="by_title"),  # index renamed
             af.Index("by_qty", ["qty"]),  # new index (online where it can be)
             af.Index("by_code", ["code"], unique=True),  # new unique index
+            af.Dropped("by_flag", index=True),  # index dropped
         ),
+        # (References to the table survive its changes: SQLite rebuilds it.)
+        af.Table("tags", af.Reference("item", "items"), af.Column("tag", "string")),
     )
 
 
 async def _seed(db: af.Database, schema: af.Schema, ns: str) -> None:
     async def fn(uow: af.UnitOfWork) -> None:
         for n in range(ROWS):
-            uow.create(
+            item = uow.create(
                 "items",
                 {
                     "qty": n,
@@ -81,6 +86,7 @@ async def _seed(db: af.Database, schema: af.Schema, ns: str) -> None:
                     "old_name": f"name {n}",
                 },
             )
+            uow.create("tags", {"item": item, "tag": f"t{n}"})
 
     await db.execute_uow(fn, schema=schema, namespace=ns)
 
@@ -108,6 +114,7 @@ async def test_every_declared_change_runs_as_planned_with_the_rows_kept(
     # A refused change refuses the whole plan, naming every reason.
     bad = af.Schema(
         "evo",
+        _v1().tables["tags"],
         af.Table(
             "items",
             af.Column("qty", "integer", default=0),
@@ -117,6 +124,7 @@ async def test_every_declared_change_runs_as_planned_with_the_rows_kept(
             af.Column("flag", "string", default="a"),
             af.Column("old_name", "string"),  # "legacy" left out, not declared dropped
             af.Index("by_title", ["title"], unique=True),  # changed index
+            af.Index("by_flag", ["flag"]),
             af.Index("u_title", ["title"], unique=True),  # duplicates
         ),
     )
@@ -153,6 +161,7 @@ async def test_every_declared_change_runs_as_planned_with_the_rows_kept(
         assert steps[("alter column", "qty")].rewrites  # integer -> bigint
     assert plan.destructive and f"step {len(plan.steps)}:" in plan.text()
     assert not any(s.destructive for s in plan.steps if s.what != "drop column")
+    assert not steps[("drop index", layout.index_name("items", "by_flag"))].destructive
 
     # A plan read back from its JSON runs, and exactly its SQL runs.
     reviewed = af.MigrationPlan.from_json(plan.to_json())
@@ -171,6 +180,11 @@ async def test_every_declared_change_runs_as_planned_with_the_rows_kept(
         assert new["flag"] == "a"  # (written when created: a new default changes no row)
     physical = layout.table("items")
     assert "legacy" not in await column_names(db, physical)
+    live_items = (await db.inspect(namespace=ns)).table("items")
+    assert live_items is not None
+    assert layout.index_name("items", "by_flag") not in {i.name for i in live_items.indexes}
+    tags = await db.execute_uow(_tags, schema=v2, namespace=ns)
+    assert sorted(tags) == sorted((r["id"], f"t{r['qty']}") for r in after)
     [record] = await setting(db, f"{ns}.dropped:items.legacy")
     assert json.loads(record)["kind"] == "column"
     # The database now is the declaration: nothing left to plan, no drift.
@@ -190,6 +204,18 @@ async def test_every_declared_change_runs_as_planned_with_the_rows_kept(
 
     with pytest.raises(af.UniqueViolation):
         await db.execute_uow(duplicate, schema=v2, namespace=ns)
+
+    # The reference is still enforced (on SQLite: foreign keys back on after the rebuild).
+    with pytest.raises(af.ForeignKeyViolation):
+        await db.execute(
+            af.sql(
+                "INSERT INTO {t} ({i}, {r}, {g}) VALUES ('dangling', 987654321, 'x')",
+                t=layout.table("tags").identifier,
+                i=af.Identifier("id"),
+                r=af.Identifier("item"),
+                g=af.Identifier("tag"),
+            )
+        )
 
     # A plan made before the database changed is refused, nothing run.
     v3 = af.Schema(
@@ -211,6 +237,20 @@ async def test_every_declared_change_runs_as_planned_with_the_rows_kept(
     with pytest.raises(af.MigrationError, match="the database changed since it was made"):
         await db.migrate(v3, namespace=ns, plan=stale)
     assert "more" not in {t.table for t in (await db.inspect(namespace=ns)).tables}
+    # A column added by hand is left (nullable), or dropped when allowed.
+    left = await db.migrate(v3, namespace=ns)
+    assert {d.name for d in left.left} == {"by_hand"}
+    assert "by_hand" in await column_names(db, physical)
+    await db.migrate(v3, namespace=ns, allow_drop={"items.by_hand"})
+    assert "by_hand" not in await column_names(db, physical)
+    with pytest.raises(af.ValidationError, match="allow_drop must be"):
+        await db.migrate(v3, namespace=ns, allow_drop="items.by_hand")  # type: ignore[arg-type]
+
+
+async def _tags(uow: af.UnitOfWork) -> list[tuple[str, str]]:
+    op = uow.find("tags", join={"of": af.one("item")})
+    await uow.retrieve()
+    return [(r["of"]["id"], r["tag"]) for r in op.result]
 
 
 async def test_a_new_index_builds_online_while_writes_go_on(

@@ -425,10 +425,12 @@ async def _plan(
     inspector = Inspector(session, compile, spec)
     settings = await migrator.fetch_names(spec.columns_sql, schema=None, table=SETTINGS_TABLE)
     tables = [layout.table(table.name) for table in tables_in_dependency_order(layout.schema)]
-    live = {
-        physical.table.name: await inspector.table(physical.schema, physical.name)
-        for physical in tables
-    }
+    live: dict[str, LiveTable | None] = {}
+    moved: dict[str, PhysicalTable] = {}  # declared name -> where it is now, to be renamed
+    for physical in tables:
+        live[physical.table.name] = await _live_table(
+            migrator, inspector, physical, moved, recorded=bool(settings)
+        )
     # Before anything is changed: a table of another's is never touched, and
     # a change migrate() does not make on its own is reported, all at once.
     pending = await ownership.check(
@@ -440,8 +442,12 @@ async def _plan(
         recorded=bool(settings),
         adopt=adopt,
     )
+    renamed = {former.key: p for p in tables if (former := moved.get(p.table.name))}
     changes = {
-        p.table.name: TableChanges(migrator, p, live[p.table.name], allow_drop) for p in tables
+        p.table.name: TableChanges(
+            migrator, p, live[p.table.name], allow_drop, moved.get(p.table.name), renamed
+        )
+        for p in tables
     }
     differences = _drift(layout, ddl, inspector, tables, changes)
     found = [d for per_table in differences.values() for d in per_table]
@@ -477,6 +483,43 @@ async def _plan(
     )
 
 
+async def _live_table(
+    migrator: Migrator,
+    inspector: Inspector,
+    physical: PhysicalTable,
+    moved: dict[str, PhysicalTable],
+    *,
+    recorded: bool,
+) -> LiveTable | None:
+    """``physical`` as the database has it — or, when it is declared
+    ``renamed_from`` a table of the namespace that is still there under its
+    former name, that table (noted in ``moved``, to be renamed)."""
+    live = await inspector.table(physical.schema, physical.name)
+    former = migrator.layout.former(physical.table)
+    if former is None:
+        return live
+    was = await inspector.table(former.schema, former.name)
+    if was is None:
+        return live
+    where = f"table {physical.table.name!r} is declared renamed_from={former.table.renamed_from!r}"
+    if live is not None:
+        migrator.refusals.append(
+            f"{where}, but the database has both {former} and {physical}; drop one of them "
+            "(keeping the data you need), then migrate again"
+        )
+        return live
+    key = ownership.owner_key(migrator.layout.namespace, str(former.table.renamed_from))
+    record = await read_setting(migrator.session, migrator.compile, key) if recorded else None
+    if record is None or json.loads(record).get("name", "").lower() != former.name.lower():
+        migrator.refusals.append(
+            f"{where}: {former} is not that table of namespace {migrator.layout.namespace!r} "
+            f"(no record {key!r} of it in {SETTINGS_TABLE}); aiofragno renames only its own tables"
+        )
+        return live
+    moved[physical.table.name] = former
+    return was
+
+
 async def run_plan(
     migrator: Migrator, plan: MigrationPlan, *, transactional: bool, lock_timeout: float
 ) -> None:
@@ -503,7 +546,7 @@ async def run_plan(
                 why = migration_lock.timed_out(lock_timeout, exc, plan.namespace)
             raise MigrationError(
                 f"migrating namespace {plan.namespace!r} stopped at step {number} of "
-                f"{len(steps)} ({step.title}): {why}. Steps 1 to {number - 1} are applied "
+                f"{len(steps)} ({step.title}): {why}. {_applied(number - 1)} "
                 f"(this database has no transactional DDL; recorded in {SETTINGS_TABLE} under "
                 f"{key!r}); fix the cause and migrate again: it carries on from there"
             ) from exc
@@ -511,6 +554,10 @@ async def run_plan(
             await write_setting(
                 migrator.session, migrator.compile, key, _progress(plan, number, len(steps), "")
             )
+
+
+def _applied(steps: int) -> str:
+    return f"Steps 1 to {steps} are applied" if steps else "No step was applied"
 
 
 def _progress(plan: MigrationPlan, done: int, of: int, note: str) -> str:

@@ -346,7 +346,10 @@ class Table(Generic[RowT]):
     ``row=AccountRow`` (a TypedDict of the row's keys and types, checked
     here; see :mod:`aiofragno.row_types`) makes it a ``Table[AccountRow]``:
     finds given the table object return ``AccountRow`` rows to a type
-    checker. Without it, rows are ``dict[str, Any]``."""
+    checker. Without it, rows are ``dict[str, Any]``.
+
+    ``renamed_from="old"`` renames the database table of the namespace's
+    table ``old`` (and its indexes) to this one, its rows kept."""
 
     @overload
     def __init__(
@@ -363,12 +366,23 @@ class Table(Generic[RowT]):
         *items: Column | Index | Dropped,
         row: type[Row2],
         outbox: bool = True,
+        renamed_from: str | None = None,
     ) -> None: ...
 
     def __init__(
-        self, name: str, *items: Column | Index | Dropped, row: Any = None, outbox: bool = True
+        self,
+        name: str,
+        *items: Column | Index | Dropped,
+        row: Any = None,
+        outbox: bool = True,
+        renamed_from: str | None = None,
     ) -> None:
         _check_name("table", name)
+        if renamed_from is not None:
+            _check_name("table", renamed_from, f"renamed_from of table {name!r}")
+            if renamed_from.lower() == name.lower():
+                raise SchemaError(f"table {name!r} is renamed_from itself")
+        self.renamed_from = renamed_from
         if not isinstance(outbox, bool):
             raise SchemaError(f"outbox= of table {name!r} must be a bool, got {outbox!r}")
         self.name = name
@@ -475,6 +489,16 @@ class Schema:
             _check_distinct("table", table.name, self.tables, f"schema {name!r}")
             self.tables[table.name] = table
         for table in self.tables.values():
+            old = table.renamed_from
+            if old is not None and any(
+                old.lower() in (t.name.lower(), (t.renamed_from or "").lower())
+                for t in self.tables.values()
+                if t is not table
+            ):
+                raise SchemaError(
+                    f"table {table.name!r} of schema {name!r} is renamed_from={old!r}, which "
+                    "the schema declares (or another table is renamed from) too"
+                )
             for column in table.columns.values():
                 if isinstance(column, Reference) and column.to_table not in self.tables:
                     raise SchemaError(

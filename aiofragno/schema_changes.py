@@ -27,16 +27,18 @@ left, or refused).
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .errors import MigrationError, ValidationError
 from .internal_columns import live_definition
-from .introspection import LiveColumn, LiveIndex, LiveTable
+from .introspection import LiveColumn, LiveIndex, LiveReference, LiveTable
 from .migration_plan import PlanAction
+from .ownership import owner_key
 from .schema import EXTERNAL_ID, INTERNAL_ID, VERSION, Column, Index
 from .schema_diff import (
+    EXTERNAL_ID_INDEX,
     DefaultChanged,
     Difference,
     NullabilityChanged,
@@ -44,7 +46,7 @@ from .schema_diff import (
     RemovedIndex,
     TypeChanged,
 )
-from .settings_table import SETTINGS_TABLE, write_setting
+from .settings_table import SETTINGS_TABLE, delete_setting, write_setting
 from .sql import Fragment, Identifier, sql
 
 if TYPE_CHECKING:
@@ -107,8 +109,14 @@ class TableChanges:
         physical: PhysicalTable,
         original: LiveTable | None,
         allow_drop: AllowDrop,
+        former: PhysicalTable | None = None,
+        renamed: Mapping[tuple[str, str], PhysicalTable] | None = None,
     ) -> None:
         self.migrator = migrator
+        # Where the table is now, when it is to be renamed to ``physical``;
+        # and every table so renamed, by its former key (references follow).
+        self.former = former
+        self.renamed = renamed or {}
         self.physical = physical
         self.table = physical.table
         self.original = original
@@ -152,27 +160,55 @@ class TableChanges:
         ]
         layout = self.migrator.layout
         by_name = {i.name.lower(): n for n, i in enumerate(indexes)}
-        for index in self.table.indexes.values():
-            if index.renamed_from is None:
-                continue
-            old = layout.index_name(self.table.name, index.renamed_from)
-            new = layout.index_name(self.table.name, index.name)
+        # (Index names hold the table's: a renamed table's are renamed too.)
+        old_table = self.table.name if self.former is None else self.former.table.renamed_from
+        assert old_table is not None
+        ours: list[tuple[str, str, Index | None]] = [(EXTERNAL_ID_INDEX, EXTERNAL_ID_INDEX, None)]
+        ours += [(i.renamed_from or i.name, i.name, i) for i in self.table.indexes.values()]
+        for was, name, index in ours:
+            old = layout.index_name(old_table, was)
+            new = layout.index_name(self.table.name, name)
             at = by_name.get(old.lower())
-            if at is None:
+            if at is None or old == new:
                 continue
             if new.lower() in by_name:
                 self._refuse(
-                    f"index {index.name!r} is declared renamed_from={index.renamed_from!r}, but "
-                    "the database has both; drop one of them, then migrate"
+                    f"index {name!r} is to be renamed from {old!r}, but the database has both; "
+                    "drop one of them, then migrate"
                 )
                 continue
             self.renames.append(("index", indexes[at].name, new, index))
             indexes[at] = replace(indexes[at], name=new)
-        return replace(live, columns=tuple(columns), indexes=tuple(indexes))
+        references = tuple(self._followed(r) for r in live.references)
+        return replace(live, columns=tuple(columns), indexes=tuple(indexes), references=references)
+
+    def _followed(self, reference: LiveReference) -> LiveReference:
+        """``reference`` as it is once the tables it points to are renamed."""
+        for key, physical in self.renamed.items():
+            schema, name = key
+            if reference.to_table.lower() == name and (
+                reference.to_schema is None
+                or physical.schema is None
+                or reference.to_schema.lower() == schema
+            ):
+                return replace(reference, to_table=physical.name)
+        return reference
 
     def plan_renames(self) -> None:
         m, ddl = self.migrator, self.migrator.ddl
         table = ddl.name(self.physical.identifier)
+        if self.former is not None:
+            was = str(self.former.table.renamed_from)
+            # (No table: the title reads "rename table old -> new".)
+            m.step("rename table", None, f"{was} -> {self.table.name}", locks=True)
+            m.run(
+                f"ALTER TABLE {ddl.name(self.former.identifier)} RENAME TO {ddl.quote(self.physical.name)}"
+            )
+            key = owner_key(m.layout.namespace, was)
+            m.act(
+                f"-- {SETTINGS_TABLE}: delete {key} (the table is recorded under its new name)",
+                _deleter(m, key),
+            )
         for kind, old, new, index in self.renames:
             m.step(f"rename {kind}", self.table.name, f"{old} -> {new}", locks=True)
             if kind == "column":
@@ -184,9 +220,13 @@ class TableChanges:
                     .replace("{new}", ddl.quote(new))
                 )
             else:
-                assert index is not None
                 m.run(self._drop_index_sql(old))
-                m.run(ddl.create_index(self.physical, index, m.layout))
+                if index is not None:
+                    m.run(ddl.create_index(self.physical, index, m.layout))
+                else:  # (the unique index a healed table's ids got)
+                    m.run(
+                        f"CREATE UNIQUE INDEX {ddl.quote(new)} ON {table} ({ddl.quote(EXTERNAL_ID)})"
+                    )
 
     # -- what the differences are -----------------------------------------
 
@@ -477,3 +517,10 @@ def _recorder(m: Migrator, key: str, value: str) -> Any:
         await write_setting(m.session, m.compile, key, value)
 
     return record
+
+
+def _deleter(m: Migrator, key: str) -> Any:
+    async def delete() -> None:
+        await delete_setting(m.session, m.compile, key)
+
+    return delete

@@ -376,3 +376,56 @@ async def test_a_failed_migration_says_where_it_stopped_and_resumes(
     ]
     assert "y" in await column_names(db, b)
     assert json.loads((await setting(db, f"{ns}.migration_progress"))[0])["note"] == ""
+
+
+async def test_a_renamed_table_keeps_its_rows_indexes_and_references(
+    db: af.Database, spaces: Namespaces
+) -> None:
+    def schema(name: str, renamed_from: str | None = None) -> af.Schema:
+        return af.Schema(
+            "ren",
+            af.Table(
+                name,
+                af.Column("name", "string"),
+                af.Index("by_name", ["name"], unique=True),
+                renamed_from=renamed_from,
+            ),
+            af.Table("pets", af.Reference("owner", name), af.Column("pet", "string")),
+        )
+
+    v1, v2 = schema("owners"), schema("people", renamed_from="owners")
+    layout = spaces.use(db, v1)
+    ns = layout.namespace
+    await db.migrate(v1, namespace=ns)
+
+    async def seed(uow: af.UnitOfWork) -> list[af.RowId]:
+        ids = [uow.create("owners", {"name": n}) for n in ("ann", "bob")]
+        for owner, pet in zip(ids, ("cat", "dog"), strict=True):
+            uow.create("pets", {"owner": owner, "pet": pet})
+        return ids
+
+    ids = await db.execute_uow(seed, schema=v1, namespace=ns)
+    new = spaces.use(db, v2, ns)
+    plan = await db.migration_plan(v2, namespace=ns)
+    assert [(s.what, s.subject) for s in plan.steps if s.what != "record"] == [
+        ("rename table", "owners -> people"),
+        (
+            "rename index",
+            f"{layout.index_name('owners', 'by_name')} -> {new.index_name('people', 'by_name')}",
+        ),
+    ]
+    await db.migrate(v2, namespace=ns, plan=plan)
+    assert await db.migration_sql(v2, namespace=ns) == []  # no drift left
+
+    async def pets(uow: af.UnitOfWork) -> list[tuple[str, str, str]]:
+        op = uow.find("pets", order_by=["pet"], join={"of": af.one("owner")})
+        await uow.retrieve()
+        return [(r["pet"], r["of"]["id"], r["of"]["name"]) for r in op.result]
+
+    rows = await db.execute_uow(pets, schema=v2, namespace=ns)
+    assert rows == [("cat", ids[0], "ann"), ("dog", ids[1], "bob")]
+    assert await setting(db, f"{ns}.table:owners") == []
+    assert json.loads((await setting(db, f"{ns}.table:people"))[0])["name"] == str(
+        new.table("people").name
+    )
+    assert {t.table for t in (await db.inspect(namespace=ns)).tables} == {"people", "pets"}

@@ -2,22 +2,30 @@
 
 ``await db.migrate(schema)`` compares the declaration with what the database
 has (:mod:`aiofragno.introspection`, every time; the comparison is
-:mod:`aiofragno.schema_diff`) and adds what is missing: the internal
-settings table, database schemas, tables, columns and indexes, and the
-internal columns of a table that lost them (:mod:`aiofragno.internal_columns`).
-It never drops or alters anything that exists, so a later version of a schema
-migrates forward with its data kept, and a column dropped by hand is added
-again (self-healing). Every other difference is reported before anything
-runs: one that would make reads or writes fail (a retyped, re-nulled or
-removed NOT NULL column, a changed index or reference) raises
-:class:`~aiofragno.errors.MigrationError` listing them all; one that is safe to
-leave (a changed default, a removed nullable column, a plain index no longer
-declared) is logged as a warning and listed in
+:mod:`aiofragno.schema_diff`), makes a plan of every step
+(:mod:`aiofragno.migration_plan`; a :class:`Migrator` records the steps, and
+nothing runs while it plans), then runs that plan. The plan adds what is
+missing: the internal settings table, database schemas, tables, columns and
+indexes, and the internal columns of a table that lost them
+(:mod:`aiofragno.internal_columns`) — so a later version of a schema migrates
+forward with its data kept, and a column dropped by hand is added again
+(self-healing). It changes what exists only as the declaration says
+(:mod:`aiofragno.schema_changes`: renames, lossless widening, nullability,
+defaults, drops, new indexes built online). Every other difference is
+reported before anything runs: one that would make reads or writes fail (a
+retyped or removed NOT NULL column, a changed index or reference) raises
+:class:`~aiofragno.errors.MigrationError` listing them all, with every
+declared change that cannot be made (NULLs and no backfill, duplicate keys
+for a unique index); one that is safe to leave (a removed nullable column, a
+plain index no longer declared) is logged as a warning and listed in
 :attr:`MigrationResult.differences`. It is idempotent, holds a migration
 lock (PostgreSQL advisory lock, MySQL ``GET_LOCK``, SQLite's write lock) so
 concurrent migrators run one after the other, and runs in one transaction
-where the database has transactional DDL (PostgreSQL, SQLite). On MySQL each DDL statement commits on
-its own; an interrupted migration is completed by the next run.
+where the database has transactional DDL (PostgreSQL, SQLite; PostgreSQL's
+online index builds follow the commit, :func:`run_online`). On MySQL each
+DDL statement commits on its own: progress is recorded step by step, a
+failure says where it stopped, and the next run completes it
+(:func:`run_plan`).
 
 The lock is waited for at most ``lock_timeout`` seconds, and so (PostgreSQL,
 MySQL) is each table lock the DDL needs: a migration never queues for ever

@@ -264,7 +264,12 @@ class TableChanges:
         if name.lower() in declared or self.allow_drop is True:
             return True
         allowed = () if isinstance(self.allow_drop, bool) else self.allow_drop
-        return f"{self.table.name}.{name}".lower() in {a.lower() for a in allowed}
+        layout, prefix = self.migrator.layout, f"{self.table.name.lower()}."
+        names = {a.lower()[len(prefix) :] for a in allowed if a.lower().startswith(prefix)}
+        # (An index by its name in the database, or as it would be declared.)
+        if isinstance(d, RemovedIndex):
+            names |= {layout.index_name(self.table.name, n).lower() for n in names}
+        return name.lower() in names
 
     # -- alterations ----------------------------------------------------------
 
@@ -288,7 +293,7 @@ class TableChanges:
         nulls = await m.count(
             sql(
                 "SELECT COUNT(*) AS n FROM {t} WHERE {c} IS NULL",
-                t=self.physical.identifier,
+                t=self._now.identifier,
                 c=Identifier(self.live_names[column.name]),
             )
         )
@@ -429,7 +434,7 @@ class TableChanges:
             "SELECT {cols}, COUNT(*) AS n FROM {t} WHERE {present} GROUP BY {cols} "
             "HAVING COUNT(*) > 1 ORDER BY COUNT(*) DESC LIMIT {limit}",
             cols=listed,
-            t=self.physical.identifier,
+            t=self._now.identifier,
             present=_join([sql("{c} IS NOT NULL", c=c) for c in columns], " AND "),
             limit=_EXAMPLES,
         )
@@ -475,6 +480,11 @@ class TableChanges:
             m.act(f"-- {SETTINGS_TABLE}: {key} = {record}", _recorder(m, key, record))
 
     # -- helpers ----------------------------------------------------------------
+
+    @property
+    def _now(self) -> PhysicalTable:
+        """The table as it is called while planning (before its rename)."""
+        return self.physical if self.former is None else self.former
 
     def _index(self, name: str) -> str:
         """Index ``name``, qualified by the table's schema (PostgreSQL)."""

@@ -443,3 +443,45 @@ async def test_a_renamed_table_keeps_its_rows_indexes_and_references(
         new.table("people").name
     )
     assert {t.table for t in (await db.inspect(namespace=ns)).tables} == {"people", "pets"}
+
+
+async def test_an_invalid_index_left_by_a_failed_build_is_built_again(
+    db: af.Database, spaces: Namespaces
+) -> None:
+    """PostgreSQL: a CREATE INDEX CONCURRENTLY that failed leaves an invalid
+    index behind; it is not taken for the declared index, but dropped and
+    built again."""
+    if db.name != "postgresql":
+        pytest.skip("only PostgreSQL builds indexes outside the transaction")
+    v1 = af.Schema("inv", af.Table("t", af.Column("n", "integer")))
+    layout = spaces.use(db, v1)
+    ns = layout.namespace
+    await db.migrate(v1, namespace=ns)
+    table = layout.table("t").identifier
+    await db.execute(af.sql("INSERT INTO {t} (id, n) VALUES ('a', 1), ('b', 1)", t=table))
+    index = layout.index_name("t", "by_n")
+    with pytest.raises(af.UniqueViolation):  # (as a crashed unique build would)
+        await db.execute(
+            af.sql(
+                "CREATE UNIQUE INDEX CONCURRENTLY {i} ON {t} (n)",
+                i=af.Identifier(index),
+                t=table,
+            )
+        )
+    v2 = af.Schema("inv", af.Table("t", af.Column("n", "integer"), af.Index("by_n", ["n"])))
+    spaces.use(db, v2, ns)
+    [step] = [s for s in (await db.migration_plan(v2, namespace=ns)).steps if s.what != "record"]
+    assert step.sql[0] == f"-- drop index {index} if an interrupted build left it invalid"
+    await db.migrate(v2, namespace=ns)
+    valid = await db.fetch_value(
+        af.sql(
+            "SELECT bool_and(x.indisvalid AND NOT x.indisunique) FROM pg_index x "
+            "JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_namespace s "
+            "ON s.oid = i.relnamespace WHERE i.relname = {n} "
+            "AND s.nspname = COALESCE({s}, current_schema())",
+            n=index,
+            s=layout.table("t").schema,
+        )
+    )
+    assert valid is True
+    assert await db.migration_sql(v2, namespace=ns) == []

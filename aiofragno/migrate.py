@@ -558,7 +558,8 @@ async def run_plan(
                 f"(this database has no transactional DDL; recorded in {SETTINGS_TABLE} under "
                 f"{key!r}); fix the cause and migrate again: it carries on from there"
             ) from exc
-        if not transactional and step.what != "record":
+        # (The records come last; the final progress is written after them.)
+        if not transactional and (step.what != "record" or number == len(steps)):
             await write_setting(
                 migrator.session, migrator.compile, key, _progress(plan, number, len(steps), "")
             )

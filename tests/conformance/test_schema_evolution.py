@@ -373,7 +373,8 @@ async def test_a_failed_migration_says_where_it_stopped_and_resumes(
         ("add column", "b")
     ]
     assert "y" in await column_names(db, b)
-    assert json.loads((await setting(db, f"{ns}.migration_progress"))[0])["note"] == ""
+    final = json.loads((await setting(db, f"{ns}.migration_progress"))[0])
+    assert final["done"] == final["of"] == len(resumed.plan.steps) and final["note"] == ""
 
 
 async def test_a_renamed_table_keeps_its_rows_indexes_and_references(

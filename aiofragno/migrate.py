@@ -270,7 +270,7 @@ class Migrator:
     ) -> None:
         """Start a step; :meth:`run` and :meth:`act` add to it."""
         self.steps.append(
-            PlanStep(what, table, subject, (), locks, rewrites or False, destructive, online)
+            PlanStep(what, table, subject, (), locks, rewrites, destructive, online)
         )
 
     def run(self, statement: str) -> None:

@@ -269,9 +269,7 @@ class Migrator:
         online: bool = False,
     ) -> None:
         """Start a step; :meth:`run` and :meth:`act` add to it."""
-        self.steps.append(
-            PlanStep(what, table, subject, (), locks, rewrites, destructive, online)
-        )
+        self.steps.append(PlanStep(what, table, subject, (), locks, rewrites, destructive, online))
 
     def run(self, statement: str) -> None:
         """Add ``statement`` (DDL text) to the current step."""

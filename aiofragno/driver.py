@@ -285,7 +285,9 @@ class DdlSpec:
     # The online build cannot run in a transaction (PostgreSQL): it runs after
     # the migration's commit, under the session lock below.
     online_outside_transaction: bool = False
-    # (Each a statement taking {key} and {milliseconds}, the longest wait.)
+    # (Each a statement taking {key} and {milliseconds}, the longest wait;
+    # the last tries the lock, returning a row whose ``taken`` is true once
+    # held, and is tried again until then.)
     online_lock_sql: tuple[str, ...] = ()
     online_unlock_sql: tuple[str, ...] = ()
     # Rows when index {index} of {schema} exists and is invalid (a build that

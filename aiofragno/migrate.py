@@ -575,8 +575,8 @@ async def run_online(
     session: Session, compile: Any, ddl: Ddl, plan: MigrationPlan, lock_timeout: float
 ) -> None:
     """Run the steps of ``plan`` built online outside any transaction
-    (PostgreSQL's ``CREATE INDEX CONCURRENTLY``), holding the migration lock
-    as a session lock. A build that fails is cleaned up: the invalid index
+    (PostgreSQL's ``CREATE INDEX CONCURRENTLY``), holding the online builds'
+    lock (:func:`~aiofragno.migration_lock.held_online`). A build that fails is cleaned up: the invalid index
     it leaves is dropped, and the error says why it failed."""
     spec = ddl.spec
     steps = [s for s in plan.steps if s.online and spec.online_outside_transaction]
@@ -585,7 +585,28 @@ async def run_online(
     # (A session lock and setting: reset on release, should the unlock not
     # run because the task was cancelled.)
     session.dirty = True
-    async with migration_lock.held_online(session, compile, spec, lock_timeout):
+    try:
+        await _build_online(session, compile, ddl, plan, steps, lock_timeout)
+    except MigrationError:
+        raise
+    except LockTimeout as exc:
+        raise migration_lock.timed_out(lock_timeout, exc, plan.namespace) from exc
+    except Error as exc:
+        raise MigrationError(
+            f"migrating namespace {plan.namespace!r}: the online index builds failed (the "
+            f"steps before them are applied): {exc}; migrate again"
+        ) from exc
+
+
+async def _build_online(
+    session: Session,
+    compile: Any,
+    ddl: Ddl,
+    plan: MigrationPlan,
+    steps: list[PlanStep],
+    lock_timeout: float,
+) -> None:
+    async with migration_lock.held_online(session, compile, ddl.spec, lock_timeout):
         for step in steps:
             try:
                 for action in step.actions:

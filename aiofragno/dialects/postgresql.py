@@ -276,7 +276,7 @@ ADAPTER = DialectAdapter(
         online_lock_sql=(
             "SELECT set_config('lock_timeout', CAST(CAST({milliseconds} AS integer) AS text), "
             "FALSE)",
-            "SELECT TRUE AS taken FROM pg_advisory_lock(hashtext({key}))",
+            "SELECT pg_try_advisory_lock(hashtext({key})) AS taken",
         ),
         online_unlock_sql=(
             "SELECT pg_advisory_unlock(hashtext({key}))",

@@ -7,6 +7,7 @@ MySQL migration says where it stopped and is resumed."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -257,7 +258,8 @@ async def test_a_new_index_builds_online_while_writes_go_on(
     db: af.Database, spaces: Namespaces
 ) -> None:
     """PostgreSQL builds it concurrently outside the transaction, MariaDB in
-    place without a lock: writes to the table keep succeeding meanwhile."""
+    place without a lock: writes to the table keep succeeding meanwhile, and
+    a second migrator at the same time neither deadlocks nor builds twice."""
     v1 = af.Schema("big", af.Table("events", af.Column("n", "bigint")))
     layout = spaces.use(db, v1)
     ns = layout.namespace
@@ -296,7 +298,11 @@ async def test_a_new_index_builds_online_while_writes_go_on(
         tg.start_soon(writer)
         await anyio.sleep(0.05)
         began = time.perf_counter()
-        await db.migrate(v2, namespace=ns)
+        # Two migrators at once: one builds, the other waits for it (a build
+        # waits for older transactions: no migrator's wait may be one).
+        async with anyio.create_task_group() as migrators:
+            for _ in range(2):
+                migrators.start_soon(functools.partial(db.migrate, v2, namespace=ns))
         ended = time.perf_counter()
         done.set()
     during = [seconds for start, seconds in written if began <= start < ended]

@@ -44,6 +44,7 @@ from .errors import (
 )
 from .hosts import HostStatus
 from .migrate import MigrationResult
+from .migration_plan import MigrationPlan, PlanStep
 from .outbox import (
     BrokerSink,
     Consumer,
@@ -54,7 +55,7 @@ from .outbox import (
     RedisSink,
     RelayError,
 )
-from .schema import Column, Index, Reference, RowId, Schema, Table, array, enum, varchar
+from .schema import Column, Dropped, Index, Reference, RowId, Schema, Table, array, enum, varchar
 from .sql import Fragment, Identifier, Json, sql
 from .stats import Stats
 from .streaming import Rows
@@ -103,6 +104,7 @@ __all__ = [
     "DatabaseUnavailable",
     "DeadLetter",
     "DeadlockDetected",
+    "Dropped",
     "Error",
     "ExponentialBackoff",
     "Find",
@@ -117,12 +119,14 @@ __all__ = [
     "Json",
     "LockTimeout",
     "MigrationError",
+    "MigrationPlan",
     "MigrationResult",
     "NatsSink",
     "NoRetry",
     "NotNullViolation",
     "OutboxCursorPruned",
     "OutboxEntry",
+    "PlanStep",
     "PoolTimeout",
     "ProgrammingError",
     "QueryCanceled",

@@ -2,6 +2,7 @@
 
     aiofragno demo [--url URL] [--units N] [--concurrency C]
     aiofragno migrate --url URL module:attr [--namespace NS] [--dry-run] [--adopt]
+        [--plan [--output FILE] | --apply FILE] [--allow-drop TABLE.NAME ...]
     aiofragno inspect [URL] [--namespace NS]
     aiofragno typegen module:attr [--output FILE]
     aiofragno outbox tail --url URL [--after VS] [--follow]
@@ -34,6 +35,7 @@ from .bench import add_arguments as add_bench_arguments
 from .bench import cmd_bench as run_bench_command
 from .database import Database, connect
 from .errors import Error
+from .migration_plan import MigrationPlan
 from .outbox.entry import OutboxEntry
 from .outbox.relay import sink_for_url
 from .outbox.tables import CONSUMERS_ID, DEAD_LETTERS_ID
@@ -94,12 +96,29 @@ def load_schema(target: str) -> Schema:
 
 async def cmd_migrate(args: argparse.Namespace) -> None:
     schema_target(args.schema)  # a malformed target fails before connecting
+    if args.plan and (args.apply or args.dry_run):
+        raise UsageError("--plan makes a plan and changes nothing: not with --apply or --dry-run")
+    expected = None
+    if args.apply:
+        expected = MigrationPlan.from_json(await anyio.Path(args.apply).read_text("utf-8"))
+    allow_drop = set(args.allow_drop or ())
     async with connect(_url(args)) as db:
         # Connected first: the driver is imported before the current directory
         # (where the schema's module may be) goes on sys.path.
         schema = load_schema(args.schema)
+        if args.plan:
+            plan = await db.migration_plan(
+                schema, namespace=args.namespace, adopt=args.adopt, allow_drop=allow_drop
+            )
+            await _print_plan(plan, args.output)
+            return
         result = await db.migrate(
-            schema, namespace=args.namespace, dry_run=args.dry_run, adopt=args.adopt
+            schema,
+            namespace=args.namespace,
+            dry_run=args.dry_run,
+            adopt=args.adopt,
+            allow_drop=allow_drop,
+            plan=expected,
         )
     for statement in result.statements:
         print(statement.rstrip() + ";")
@@ -109,6 +128,15 @@ async def cmd_migrate(args: argparse.Namespace) -> None:
     print(
         f"-- namespace {result.namespace}: schema version {verb} {result.version}", file=sys.stderr
     )
+
+
+async def _print_plan(plan: MigrationPlan, output: str | None) -> None:
+    """The plan for a reader on standard output; its JSON in ``output``
+    (for ``--apply``)."""
+    print("\n".join(escape_controls(line) for line in plan.text().splitlines()))
+    if output is not None:
+        await anyio.Path(output).write_text(plan.to_json(), "utf-8")
+        print(f"-- plan {plan.id} written to {output}; run it with --apply", file=sys.stderr)
 
 
 async def cmd_inspect(args: argparse.Namespace) -> None:
@@ -324,6 +352,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--adopt",
         action="store_true",
         help="take over existing tables that are not aiofragno's, adding its columns",
+    )
+    migrate.add_argument(
+        "--plan",
+        action="store_true",
+        help="print each step with its SQL and whether it locks, rewrites or destroys; "
+        "change nothing",
+    )
+    migrate.add_argument("--output", "-o", help="with --plan: write the plan (JSON) to this file")
+    migrate.add_argument(
+        "--apply",
+        metavar="FILE",
+        help="run the plan in FILE (from --plan --output), refusing if the database changed",
+    )
+    migrate.add_argument(
+        "--allow-drop",
+        action="append",
+        metavar="TABLE.NAME",
+        help="let this column or index, no longer declared, be dropped (repeatable)",
     )
     inspect = command("inspect", cmd_inspect, "print the tables the database has, as JSON")
     inspect.add_argument(

@@ -25,15 +25,17 @@ from .engine import Engine, check_isolation
 from .errors import Error, ValidationError
 from .hosts import HostStatus
 from .introspection import LiveSchema, inspect_database
-from .migrate import Ddl, MigrationResult
+from .migrate import Ddl, MigrationResult, run_online
 from .migrate import migrate as run_migration
 from .migration_lock import DEFAULT_LOCK_TIMEOUT, check_lock_timeout
+from .migration_plan import MigrationPlan
 from .naming import Layout, PhysicalNames, resolve_naming
 from .outbox import OutboxReader
 from .ownership import INTERNAL_TABLES
 from .queries import Queries, Read
 from .replicas import DEFAULT_REPLICA_WAIT, ReplicaReads, ReplicaSet
 from .schema import Schema, Table, TableIdentity, _check_name
+from .schema_changes import AllowDrop, check_allow_drop
 from .server_sessions import end_server_session_reconnecting
 from .sql import Fragment
 from .streaming import DEFAULT_BATCH_SIZE, Stream, check_batch_size
@@ -283,42 +285,96 @@ class Database(Queries):
         dry_run: bool = False,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         adopt: bool = False,
+        allow_drop: AllowDrop = False,
+        plan: MigrationPlan | None = None,
     ) -> MigrationResult:
-        """Create or extend ``schema``'s tables (see :mod:`aiofragno.migrate`).
-        With ``dry_run`` nothing is changed and the result lists the
-        statements a real run would execute now. Waits at most
-        ``lock_timeout`` seconds for the migration lock (and, on PostgreSQL
-        and MySQL, for each table lock its DDL needs), else raises
-        :class:`MigrationError` — as it does, before changing anything, for
-        every difference from the declaration it does not apply on its own.
-        ``adopt=True`` takes over an existing table of the same name that is
-        not aiofragno's, adding the columns of ours (see
+        """Create or extend ``schema``'s tables and make its declared changes
+        (see :mod:`aiofragno.migrate` and :mod:`aiofragno.schema_changes`):
+        the migration plans every step, then runs that plan
+        (:attr:`MigrationResult.plan`). With ``dry_run`` nothing is changed
+        and the result lists the statements a real run would execute now.
+        ``plan`` (from :meth:`migration_plan`, or read back with
+        :meth:`MigrationPlan.from_json`) runs only if the plan made now,
+        under the migration lock, is that one: else :class:`MigrationError`
+        and nothing changes. ``allow_drop=True`` (or ``{"table.column",
+        ...}``) lets columns and indexes no longer declared be dropped, as
+        ``af.Dropped`` does. Waits at most ``lock_timeout`` seconds for the
+        migration lock (and, on PostgreSQL and MySQL, for each table lock
+        its DDL needs), else raises :class:`MigrationError` — as it does,
+        before changing anything, for every difference from the declaration
+        it does not make. ``adopt=True`` takes over an existing table of the
+        same name that is not aiofragno's, adding the columns of ours (see
         :mod:`aiofragno.ownership`)."""
         check_lock_timeout(lock_timeout)
+        check_allow_drop(allow_drop)
+        if plan is not None and not isinstance(plan, MigrationPlan):
+            raise ValidationError(
+                f"plan must be an af.MigrationPlan (db.migration_plan, MigrationPlan.from_json), "
+                f"got {type(plan).__name__}"
+            )
         layout = self.layout(schema, namespace)
         engine = self._engine
         transactional = engine.adapter.capabilities.supports_transactional_ddl
+        spec = self._ddl.spec
         session = await engine.acquire()
         try:
-            if transactional:
-                await session.begin(None)
-            result = await run_migration(
-                session,
-                engine.compile,
-                layout,
-                self._ddl,
-                engine.codec,
-                dry_run=dry_run,
-                lock_timeout=lock_timeout,
-                adopt=adopt,
-            )
-            if transactional:
-                await session.commit()
-            if self._replicas is not None:
-                self._replicas.committing()  # (replicas get the new tables by replay)
+            if spec.migration_setup_sql:
+                # (Reset on release should the teardown not run: cancelled.)
+                session.dirty = True
+            for statement in spec.migration_setup_sql:
+                await session.execute(CompiledQuery(statement))
+            try:
+                if transactional:
+                    await session.begin(None)
+                result = await run_migration(
+                    session,
+                    engine.compile,
+                    layout,
+                    self._ddl,
+                    engine.codec,
+                    lock_timeout=lock_timeout,
+                    transactional=transactional,
+                    execute=not dry_run,
+                    adopt=adopt,
+                    allow_drop=allow_drop,
+                    expected=plan,
+                )
+                if transactional:
+                    await session.commit()
+                if self._replicas is not None:
+                    self._replicas.committing()  # (replicas get the new tables by replay)
+                if not dry_run and result.plan is not None:
+                    await run_online(session, engine.compile, self._ddl, result.plan, lock_timeout)
+            finally:
+                if not session.broken:
+                    for statement in spec.migration_teardown_sql:
+                        await session.execute(CompiledQuery(statement))
             return result
         finally:
             await engine.release(session)
+
+    async def migration_plan(
+        self,
+        schema: Schema,
+        *,
+        namespace: str | None = None,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        adopt: bool = False,
+        allow_drop: AllowDrop = False,
+    ) -> MigrationPlan:
+        """The plan ``migrate`` would run now (nothing is changed): each step
+        with its SQL and whether it locks or rewrites a table or destroys
+        data. ``migrate(schema, plan=...)`` runs exactly it, or refuses."""
+        result = await self.migrate(
+            schema,
+            namespace=namespace,
+            dry_run=True,
+            lock_timeout=lock_timeout,
+            adopt=adopt,
+            allow_drop=allow_drop,
+        )
+        assert result.plan is not None
+        return result.plan
 
     async def inspect(self, *, namespace: str | None = None) -> LiveSchema:
         """The tables the database has, read from its catalog (see

@@ -270,6 +270,40 @@ class DdlSpec:
     # ALTER TABLE .. ADD COLUMN can add a primary key (false: SQLite, where
     # a table without one is rebuilt to get it).
     add_primary_key: bool = True
+    # Declared changes of existing columns (:mod:`aiofragno.schema_changes`):
+    # a template per change ("type", "null", "not_null", "set_default",
+    # "drop_default") taking {table}, {column}, {type}, {definition} (the
+    # whole declared column) and {default}. A change with no template is
+    # made by rebuilding the table (SQLite).
+    alter_column_sql: Mapping[str, str] = field(default_factory=dict)
+    # The changes (those keys; "widen_integer", "widen_text" for types;
+    # "drop_column") that copy every row of the table.
+    rewriting_changes: frozenset[str] = frozenset()
+    # Renames index {index} (qualified) of {table} to {new}; None: dropped
+    # and created again.
+    rename_index_sql: str | None = None
+    # Builds a new index on an existing table while writes go on ({unique},
+    # {index}, {table}, {columns}); None: a plain CREATE INDEX, which locks.
+    online_index_sql: str | None = None
+    # The online build cannot run in a transaction (PostgreSQL): it runs after
+    # the migration's commit, under the session lock below.
+    online_outside_transaction: bool = False
+    # (Each a statement taking {key} and {milliseconds}, the longest wait;
+    # the last tries the lock, returning a row whose ``taken`` is true once
+    # held, and is tried again until then.)
+    online_lock_sql: tuple[str, ...] = ()
+    online_unlock_sql: tuple[str, ...] = ()
+    # Rows when index {index} of {schema} exists and is invalid (a build that
+    # was interrupted), and how such an index is dropped online.
+    invalid_index_sql: str | None = None
+    drop_index_online_sql: str | None = None
+    # Run on the migration's connection before its transaction and after it
+    # (SQLite: foreign keys are not enforced while tables are rebuilt), and
+    # the query listing rows that reference missing ones (checked after a
+    # rebuild).
+    migration_setup_sql: tuple[str, ...] = ()
+    migration_teardown_sql: tuple[str, ...] = ()
+    foreign_key_check_sql: str | None = None
 
     def type_sql(self, kind: str, arg: TypeArg = None) -> str:
         """The SQL type of a column of logical type ``kind`` (``arg``: its

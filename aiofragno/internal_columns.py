@@ -7,8 +7,8 @@ value for every row that is there:
 * ``_version`` — added ``NOT NULL DEFAULT 0``;
 * ``_id`` — added as the primary key, numbered by the database (PostgreSQL
   identity, MySQL ``AUTO_INCREMENT``); SQLite cannot add a primary key, so
-  the table is rebuilt from the declaration (rename, create, copy with
-  ``_id`` = the old ``rowid``, drop) in the migration's transaction;
+  the table is rebuilt from the declaration (create, copy with ``_id`` =
+  the old ``rowid``, drop, rename) in the migration's transaction;
 * ``id`` — added ``NOT NULL DEFAULT ''``, each row given a new external id
   (UUIDv7, bound, 250 rows an ``UPDATE``), then made unique by the index
   ``<index prefix>_external_id``.
@@ -18,9 +18,10 @@ Rows keep their data and are read and written by units of work afterwards.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .introspection import LiveTable
+from .introspection import LiveColumn, LiveTable
 from .schema import EXTERNAL_ID, INTERNAL_ID, VERSION, new_external_id
 from .schema_diff import EXTERNAL_ID_INDEX
 from .sql import Fragment, Identifier, sql
@@ -33,12 +34,12 @@ if TYPE_CHECKING:
 _CHUNK = 250
 
 
-async def heal(
-    migrator: Migrator, physical: PhysicalTable, live: LiveTable, *, dry_run: bool
-) -> bool:
-    """Add the internal columns ``live`` lacks; True when the table was
+def heal(migrator: Migrator, physical: PhysicalTable, live: LiveTable) -> bool:
+    """Plan adding the internal columns ``live`` lacks; True when the table is
     rebuilt from the declaration (its declared columns and no index exist)."""
     ddl = migrator.ddl
+    rebuilt = live.column(INTERNAL_ID) is None and not ddl.spec.add_primary_key
+    migrator.step("add internal columns", physical.table.name, locks=True, rewrites=rebuilt)
     table = ddl.name(physical.identifier)
     spec = ddl.spec
     if live.column(VERSION) is None:
@@ -46,76 +47,92 @@ async def heal(
             f"ALTER TABLE {table} ADD COLUMN {ddl.quote(VERSION)} {spec.types['version']} "
             "NOT NULL DEFAULT 0"
         )
-        await migrator.run(statement, dry_run=dry_run)
+        migrator.run(statement)
     if live.column(INTERNAL_ID) is None:
         if not spec.add_primary_key:
-            await _rebuild(migrator, physical, live, dry_run=dry_run)
+            _rebuild(migrator, physical, live)
             return True
         statement = f"ALTER TABLE {table} ADD COLUMN {ddl.quote(INTERNAL_ID)} {spec.primary_key}"
-        await migrator.run(statement, dry_run=dry_run)
+        migrator.run(statement)
     if live.column(EXTERNAL_ID) is None:
         statement = (
             f"ALTER TABLE {table} ADD COLUMN {ddl.quote(EXTERNAL_ID)} "
             f"{spec.types['external_id']} NOT NULL DEFAULT ''"
         )
-        await migrator.run(statement, dry_run=dry_run)
-        await _new_external_ids(migrator, physical, dry_run=dry_run)
+        migrator.run(statement)
+        _new_external_ids(migrator, physical)
     return False
 
 
-async def _new_external_ids(migrator: Migrator, physical: PhysicalTable, *, dry_run: bool) -> None:
+def _new_external_ids(migrator: Migrator, physical: PhysicalTable) -> None:
     """Give every row a new external id, then make the ids unique."""
-    if not dry_run:
-        await _assign_external_ids(migrator, physical)
-    await unique_external_ids(migrator, physical, dry_run=dry_run)
+    _assign_external_ids(migrator, physical)
+    unique_external_ids(migrator, physical)
 
 
-async def unique_external_ids(
-    migrator: Migrator, physical: PhysicalTable, *, dry_run: bool
-) -> None:
+def unique_external_ids(migrator: Migrator, physical: PhysicalTable) -> None:
     """The unique index on ``id``, for a table whose ids are not unique."""
     ddl = migrator.ddl
     name = ddl.quote(migrator.layout.index_name(physical.table.name, EXTERNAL_ID_INDEX))
     statement = (
         f"CREATE UNIQUE INDEX {name} ON {ddl.name(physical.identifier)} ({ddl.quote(EXTERNAL_ID)})"
     )
-    await migrator.run(statement, dry_run=dry_run)
+    migrator.run(statement)
 
 
-async def _rebuild(
-    migrator: Migrator, physical: PhysicalTable, live: LiveTable, *, dry_run: bool
-) -> None:
-    """Where a primary key cannot be added (SQLite): move the rows into the
-    table created from the declaration, ``_id`` taken from the ``rowid``
-    (unique placeholders for ``id`` where it is missing, replaced at once)."""
+def _rebuild(migrator: Migrator, physical: PhysicalTable, live: LiveTable) -> None:
+    """Where a primary key cannot be added (SQLite): rebuild the table as
+    SQLite documents it — the table created from the declaration under a new
+    name (the live columns it does not declare kept as they are), the rows
+    copied with ``_id`` taken from the ``rowid`` (unique placeholders for
+    ``id`` where it is missing, replaced at once), the old table dropped, the
+    new one renamed. (Renaming the old table first would make the other
+    tables' foreign keys follow it, and then point at nothing.)"""
     ddl = migrator.ddl
     quote = ddl.quote
-    old = quote(f"{physical.name}__aiofragno_old")
-    await migrator.run(
-        f"ALTER TABLE {ddl.name(physical.identifier)} RENAME TO {old}", dry_run=dry_run
+    table = ddl.name(physical.identifier)
+    new = quote(f"{physical.name}__aiofragno_new")
+    ours = {n.lower() for n in (INTERNAL_ID, EXTERNAL_ID, VERSION, *physical.table.columns)}
+    kept = [c for c in live.columns if c.name.lower() not in ours]
+    migrator.run(
+        ddl.create_table(
+            physical, migrator.layout, name=new, extra=[live_definition(quote, c) for c in kept]
+        )
     )
-    await migrator.run(ddl.create_table(physical, migrator.layout), dry_run=dry_run)
     copied = [
         quote(c.name) for c in physical.table.columns.values() if live.column(c.name) is not None
     ]
+    copied += [quote(c.name) for c in kept]
     if live.column(VERSION) is not None:
         copied.append(quote(VERSION))
     has_id = live.column(EXTERNAL_ID) is not None
     source = quote(EXTERNAL_ID) if has_id else "CAST(rowid AS TEXT)"
     targets = ", ".join([quote(INTERNAL_ID), quote(EXTERNAL_ID), *copied])
     values = ", ".join(["rowid", source, *copied])
-    await migrator.run(
-        f"INSERT INTO {ddl.name(physical.identifier)} ({targets}) SELECT {values} FROM {old}",
-        dry_run=dry_run,
-    )
-    await migrator.run(f"DROP TABLE {old}", dry_run=dry_run)
-    if not has_id and not dry_run:
-        await _assign_external_ids(migrator, physical)
+    migrator.run(f"INSERT INTO {new} ({targets}) SELECT {values} FROM {table}")
+    migrator.run(f"DROP TABLE {table}")
+    migrator.run(f"ALTER TABLE {new} RENAME TO {quote(physical.name)}")
+    if not has_id:
+        _assign_external_ids(migrator, physical)
 
 
-async def _assign_external_ids(migrator: Migrator, physical: PhysicalTable) -> None:
+def live_definition(quote: Callable[[str], str], column: LiveColumn) -> str:
+    """A column definition restating ``column`` as the database has it."""
+    text = f"{quote(column.name)} {column.sql_type}{'' if column.nullable else ' NOT NULL'}"
+    return text if column.default is None else f"{text} DEFAULT {column.default}"
+
+
+def _assign_external_ids(migrator: Migrator, physical: PhysicalTable) -> None:
     """A new external id for every row: bound values, ``_CHUNK`` rows a
     statement (within SQLite's oldest limit of 999 parameters)."""
+
+    async def assign() -> None:
+        await _assign(migrator, physical)
+
+    migrator.act(f"-- UPDATE {physical}: a new external id (UUIDv7) for every row, bound", assign)
+
+
+async def _assign(migrator: Migrator, physical: PhysicalTable) -> None:
     session, compile = migrator.session, migrator.compile
     internal, external = Identifier(INTERNAL_ID), Identifier(EXTERNAL_ID)
     rows = await session.execute(

@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from .driver import DdlSpec
 from .errors import LockTimeout, MigrationError, ValidationError
 from .sql import sql_using
@@ -25,7 +27,10 @@ if TYPE_CHECKING:
     from .session import Session
 
 MIGRATION_LOCK_KEY = "aiofragno.migrate"
+ONLINE_LOCK_KEY = "aiofragno.migrate.online"
 DEFAULT_LOCK_TIMEOUT = 60.0
+# Seconds between tries of the online builds' lock.
+_RETRY = 0.05
 
 
 def check_lock_timeout(lock_timeout: Any) -> None:
@@ -82,7 +87,13 @@ async def _take(session: Session, compile: Any, spec: DdlSpec, wait: float) -> N
         raise MigrationError(busy)
 
 
-async def _run(session: Session, compile: Any, template: str | None, wait: float) -> list[Any]:
+async def _run(
+    session: Session,
+    compile: Any,
+    template: str | None,
+    wait: float,
+    key: str = MIGRATION_LOCK_KEY,
+) -> list[Any]:
     """Run ``template`` if there is one, given the lock key and ``wait`` in the
     units it takes ({seconds}; {whole_seconds} and {milliseconds}, rounded up
     and at least 1, as 0 would mean no limit); its rows."""
@@ -90,9 +101,44 @@ async def _run(session: Session, compile: Any, template: str | None, wait: float
         return []
     query = sql_using(
         template,
-        key=MIGRATION_LOCK_KEY,
+        key=key,
         seconds=wait,
         whole_seconds=max(1, math.ceil(wait)),
         milliseconds=max(1, math.ceil(wait * 1000)),
     )
     return list((await session.execute(compile(query))).rows)
+
+
+@asynccontextmanager
+async def held_online(
+    session: Session, compile: Any, spec: DdlSpec, wait: float
+) -> AsyncIterator[None]:
+    """The online builds' lock, a session lock (PostgreSQL), for the steps
+    that run outside any transaction; its wait, and theirs, bounded by
+    ``wait``. A build waits for every transaction older than it — waiting
+    for a lock is one —, so this lock is not the migration lock (another
+    migration waiting for that one would deadlock with the build), and it is
+    not waited for but tried again and again (the last statement of
+    :attr:`DdlSpec.online_lock_sql`), each try a transaction that ends at once."""
+    *setup, take = spec.online_lock_sql
+    for template in setup:
+        await _run(session, compile, template, wait, ONLINE_LOCK_KEY)
+    deadline = anyio.current_time() + wait
+    while True:
+        rows = await _run(session, compile, take, wait, ONLINE_LOCK_KEY)
+        if rows and rows[0]["taken"] in (1, True):
+            break
+        left = deadline - anyio.current_time()
+        if left <= 0:
+            raise MigrationError(
+                "another migration is building indexes online: its lock was not free within "
+                f"lock_timeout={wait} s; migrate again once it has finished (the steps before "
+                "were applied), or pass a larger lock_timeout"
+            )
+        await anyio.sleep(min(_RETRY, left))
+    try:
+        yield
+    finally:
+        if not session.broken:
+            for template in spec.online_unlock_sql:
+                await _run(session, compile, template, wait, ONLINE_LOCK_KEY)

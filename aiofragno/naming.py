@@ -165,6 +165,18 @@ class Layout:
         assert physical is not None
         return physical
 
+    def former(self, table: Table[Any]) -> PhysicalTable | None:
+        """Where ``table`` lived under the name it is ``renamed_from`` (None:
+        it declares no rename)."""
+        if table.renamed_from is None:
+            return None
+        db_schema, name = self.naming.table(self.namespace, table.renamed_from)
+        return PhysicalTable(
+            table,
+            None if db_schema is None else shorten(db_schema, self.limit),
+            shorten(name, self.limit),
+        )
+
     def index_name(self, table: str, index: str) -> str:
         return shorten(self.naming.index(self.namespace, table, index), self.limit)
 

@@ -231,19 +231,27 @@ class Column:
         *,
         nullable: bool = False,
         default: Any = None,
+        renamed_from: str | None = None,
+        backfill: Any = None,
     ) -> None:
         _check_name("column", name)
+        if renamed_from is not None:
+            _check_name("column", renamed_from, f"renamed_from of column {name!r}")
         self.name = name
         self.nullable = bool(nullable)
         self.default = default
+        self.renamed_from = renamed_from
+        self.backfill = backfill
         self.kind, self.arg = _resolve_type(type, f"column {name!r}")
         self.length = self.arg if isinstance(self.arg, int) else None
-        if default is not None:
+        for what, value in (("default", default), ("backfill", backfill)):
+            if value is None:
+                continue
             try:
-                check_value(self.kind, default, self.arg)
+                check_value(self.kind, value, self.arg)
             except ValidationError as exc:
                 raise SchemaError(
-                    f"column {name!r}: default {default!r} does not fit {self.type_name}: {exc}"
+                    f"column {name!r}: {what} {value!r} does not fit {self.type_name}: {exc}"
                 ) from None
 
     @property
@@ -267,8 +275,15 @@ class Reference(Column):
     """A reference to a row of ``to_table`` in the same schema (stored as that
     row's internal id, with a foreign key)."""
 
-    def __init__(self, name: str, to_table: str, *, nullable: bool = False) -> None:
-        super().__init__(name, "bigint", nullable=nullable)
+    def __init__(
+        self,
+        name: str,
+        to_table: str,
+        *,
+        nullable: bool = False,
+        renamed_from: str | None = None,
+    ) -> None:
+        super().__init__(name, "bigint", nullable=nullable, renamed_from=renamed_from)
         _check_name("table", to_table, f"reference {name!r}")
         self.kind = "reference"
         self.to_table = to_table
@@ -279,10 +294,22 @@ class Reference(Column):
 
 
 class Index:
-    """An index over ``columns`` (unique if ``unique=True``)."""
+    """An index over ``columns`` (unique if ``unique=True``);
+    ``renamed_from="old"`` renames the database's index ``old`` to this one
+    instead of building a new one."""
 
-    def __init__(self, name: str, columns: Sequence[str], *, unique: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        columns: Sequence[str],
+        *,
+        unique: bool = False,
+        renamed_from: str | None = None,
+    ) -> None:
         _check_name("index", name)
+        if renamed_from is not None:
+            _check_name("index", renamed_from, f"renamed_from of index {name!r}")
+        self.renamed_from = renamed_from
         if isinstance(columns, str) or not columns:
             raise SchemaError(f"index {name!r}: columns must be a non-empty list of column names")
         self.name = name
@@ -290,6 +317,21 @@ class Index:
         self.unique = bool(unique)
         if len(set(self.columns)) != len(self.columns):
             raise SchemaError(f"index {name!r} names a column twice: {list(self.columns)}")
+
+
+class Dropped:
+    """A column (or, with ``index=True``, an index) the table no longer has
+    and whose data may go: ``af.Dropped("legacy")`` in a table's items makes
+    a migration drop it if the database still has it (recorded in the
+    settings table). Undeclared columns are otherwise never dropped."""
+
+    def __init__(self, name: str, *, index: bool = False) -> None:
+        _check_name("index" if index else "column", name, "af.Dropped")
+        self.name = name
+        self.index = bool(index)
+
+    def __repr__(self) -> str:
+        return f"Dropped({self.name!r}{', index=True' if self.index else ''})"
 
 
 RowT = TypeVar("RowT", default=dict[str, Any])
@@ -305,26 +347,43 @@ class Table(Generic[RowT]):
     ``row=AccountRow`` (a TypedDict of the row's keys and types, checked
     here; see :mod:`aiofragno.row_types`) makes it a ``Table[AccountRow]``:
     finds given the table object return ``AccountRow`` rows to a type
-    checker. Without it, rows are ``dict[str, Any]``."""
+    checker. Without it, rows are ``dict[str, Any]``.
+
+    ``renamed_from="old"`` renames the database table of the namespace's
+    table ``old`` (and its indexes) to this one, its rows kept."""
 
     @overload
     def __init__(
-        self: Table[dict[str, Any]], name: str, *items: Column | Index, outbox: bool = True
+        self: Table[dict[str, Any]],
+        name: str,
+        *items: Column | Index | Dropped,
+        outbox: bool = True,
     ) -> None: ...
 
     @overload
     def __init__(
         self: Table[Row2],
         name: str,
-        *items: Column | Index,
+        *items: Column | Index | Dropped,
         row: type[Row2],
         outbox: bool = True,
+        renamed_from: str | None = None,
     ) -> None: ...
 
     def __init__(
-        self, name: str, *items: Column | Index, row: Any = None, outbox: bool = True
+        self,
+        name: str,
+        *items: Column | Index | Dropped,
+        row: Any = None,
+        outbox: bool = True,
+        renamed_from: str | None = None,
     ) -> None:
         _check_name("table", name)
+        if renamed_from is not None:
+            _check_name("table", renamed_from, f"renamed_from of table {name!r}")
+            if renamed_from.lower() == name.lower():
+                raise SchemaError(f"table {name!r} is renamed_from itself")
+        self.renamed_from = renamed_from
         if not isinstance(outbox, bool):
             raise SchemaError(f"outbox= of table {name!r} must be a bool, got {outbox!r}")
         self.name = name
@@ -332,11 +391,15 @@ class Table(Generic[RowT]):
         self._row: type[RowT] | None = row
         columns: dict[str, Column] = {}
         indexes: dict[str, Index] = {}
+        self.dropped: dict[str, Dropped] = {}
+        self.dropped_indexes: dict[str, Dropped] = {}
         for item in items:
             self._add(item, columns, indexes)
         # Read-only: the row type was checked against these.
         self.columns: Mapping[str, Column] = MappingProxyType(columns)
         self.indexes: Mapping[str, Index] = MappingProxyType(indexes)
+        _check_renames("column", self.columns, self.dropped, name)
+        _check_renames("index", self.indexes, self.dropped_indexes, name)
         for index in self.indexes.values():
             for column in index.columns:
                 if column not in self.columns and column != EXTERNAL_ID:
@@ -354,7 +417,10 @@ class Table(Generic[RowT]):
         return self._row
 
     def _add(
-        self, item: Column | Index, columns: dict[str, Column], indexes: dict[str, Index]
+        self,
+        item: Column | Index | Dropped,
+        columns: dict[str, Column],
+        indexes: dict[str, Index],
     ) -> None:
         where = f"table {self.name!r}"
         if isinstance(item, Column):
@@ -368,8 +434,16 @@ class Table(Generic[RowT]):
             if item.name in indexes:
                 raise SchemaError(f"index {item.name!r} is declared twice in {where}")
             indexes[item.name] = item
+        elif isinstance(item, Dropped):
+            declared: Mapping[str, Any] = indexes if item.index else columns
+            dropped = self.dropped_indexes if item.index else self.dropped
+            if item.name in declared or item.name in dropped:
+                raise SchemaError(f"{item!r} in {where} names one declared there already")
+            dropped[item.name] = item
         else:
-            raise SchemaError(f"{where}: expected Column, Reference or Index, got {item!r}")
+            raise SchemaError(
+                f"{where}: expected Column, Reference, Index or Dropped, got {item!r}"
+            )
 
     def column(self, name: str) -> Column:
         try:
@@ -388,7 +462,32 @@ class Table(Generic[RowT]):
                 {"name": i.name, "columns": list(i.columns), "unique": i.unique}
                 for i in self.indexes.values()
             ],
+            # (Only when there are: existing declarations keep their fingerprint.)
+            **({"dropped": sorted(self.dropped)} if self.dropped else {}),
+            **({"dropped_indexes": sorted(self.dropped_indexes)} if self.dropped_indexes else {}),
         }
+
+
+def _check_renames(
+    what: str,
+    declared: Mapping[str, Column] | Mapping[str, Index],
+    dropped: dict[str, Dropped],
+    table: str,
+) -> None:
+    """A rename names one old name that is neither declared nor dropped,
+    and no two renames the same one."""
+    taken = {n.lower() for n in declared} | {n.lower() for n in dropped}
+    seen: set[str] = set()
+    for item in declared.values():
+        old = item.renamed_from
+        if old is None:
+            continue
+        if old.lower() in taken or old.lower() in seen:
+            raise SchemaError(
+                f"{what} {item.name!r} of table {table!r} is renamed_from={old!r}, which the "
+                f"table declares (or drops, or another {what} is renamed from) too"
+            )
+        seen.add(old.lower())
 
 
 class Schema:
@@ -404,6 +503,16 @@ class Schema:
             _check_distinct("table", table.name, self.tables, f"schema {name!r}")
             self.tables[table.name] = table
         for table in self.tables.values():
+            old = table.renamed_from
+            if old is not None and any(
+                old.lower() in (t.name.lower(), (t.renamed_from or "").lower())
+                for t in self.tables.values()
+                if t is not table
+            ):
+                raise SchemaError(
+                    f"table {table.name!r} of schema {name!r} is renamed_from={old!r}, which "
+                    "the schema declares (or another table is renamed from) too"
+                )
             for column in table.columns.values():
                 if isinstance(column, Reference) and column.to_table not in self.tables:
                     raise SchemaError(

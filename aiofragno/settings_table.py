@@ -49,3 +49,10 @@ async def write_setting(session: Session, compile: Any, key: str, value: str) ->
             "UPDATE {t} SET {v} = {value} WHERE {k} = {key}", **names, key=key, value=value
         )
     await session.execute(compile(statement))
+
+
+async def delete_setting(session: Session, compile: Any, key: str) -> None:
+    """Remove ``key`` (callers hold the migration lock)."""
+    names = settings_names()
+    statement = sql("DELETE FROM {t} WHERE {k} = {key}", t=names["t"], k=names["k"], key=key)
+    await session.execute(compile(statement))

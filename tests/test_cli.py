@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
+import aiofragno as af
 from tests.conftest import TARGETS, Target, require_target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +63,58 @@ def test_migrate_dry_run_then_migrate(url: str) -> None:
     assert "schema version now at" in done.stderr
     again = run("migrate", "tests.clidata.schemas:ledger", url=url)
     assert again.returncode == 0 and again.stdout.strip() == "", again.stdout
+
+
+def test_migrate_plan_then_apply(url: str, tmp_path: Path) -> None:
+    """--plan prints the steps and writes the plan; --apply runs exactly it,
+    and refuses it once the database has changed."""
+    ns = ["--namespace", "cliplan"]
+    anyio.run(_drop_namespace, url, "cliplan")  # (what an interrupted run left)
+    try:
+        _plan_then_apply(url, tmp_path, ns)
+    finally:
+        anyio.run(_drop_namespace, url, "cliplan")
+
+
+async def _drop_namespace(url: str, namespace: str) -> None:
+    from tests.clidata.schemas import ledger
+    from tests.conformance.namespaces import Namespaces
+
+    async with af.connect(url) as db:
+        spaces = Namespaces(db)
+        spaces.use(db, ledger, namespace)
+        await spaces.drop()
+
+
+def _plan_then_apply(url: str, tmp_path: Path, ns: list[str]) -> None:
+    assert run("migrate", "tests.clidata.schemas:ledger", *ns, url=url).returncode == 0
+    plan_file = tmp_path / "plan.json"
+    planned = run(
+        "migrate", "tests.clidata.schemas:ledger_v2", *ns, "--plan", "-o", str(plan_file), url=url
+    )
+    assert planned.returncode == 0, planned.stderr
+    text = planned.stdout
+    assert "-- step 1: rename column entries.amount -> total [locks table]" in text
+    assert "RENAME COLUMN" in text and "create index entries.by_total" in text
+    plan = json.loads(plan_file.read_text())
+    applied = run(
+        "migrate", "tests.clidata.schemas:ledger_v2", *ns, "--apply", str(plan_file), url=url
+    )
+    assert applied.returncode == 0, applied.stderr
+    statements = [s for step in plan["steps"] for s in step["sql"] if not s.startswith("--")]
+    assert applied.stdout.splitlines() == [s.rstrip() + ";" for s in statements]
+    again = run(
+        "migrate", "tests.clidata.schemas:ledger_v2", *ns, "--apply", str(plan_file), url=url
+    )
+    assert again.returncode != 0 and "the database changed since it was made" in again.stderr
+    assert run("migrate", "tests.clidata.schemas:ledger_v2", *ns, "--plan", url=url).stdout == (
+        f"-- migration plan {_empty_plan_id(again.stderr)} for namespace {ns[1]}: 0 steps, "
+        "to schema version 2\n"
+    )
+
+
+def _empty_plan_id(message: str) -> str:
+    return message.split("(a plan made now is ")[1].split(",")[0]
 
 
 def test_inspect_prints_the_migrated_tables_as_json(url: str) -> None:

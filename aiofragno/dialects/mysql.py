@@ -209,6 +209,18 @@ ADAPTER = DialectAdapter(
         migration_unlock_sql="SELECT RELEASE_LOCK({key})",
         drop_index_sql="DROP INDEX {index} ON {table}",
         catalog=CATALOG,
+        alter_column_sql={
+            "type": "ALTER TABLE {table} MODIFY COLUMN {definition}",
+            "null": "ALTER TABLE {table} MODIFY COLUMN {definition}",
+            "not_null": "ALTER TABLE {table} MODIFY COLUMN {definition}",
+            "set_default": "ALTER TABLE {table} ALTER COLUMN {column} SET DEFAULT {default}",
+            "drop_default": "ALTER TABLE {table} ALTER COLUMN {column} DROP DEFAULT",
+        },
+        # (MODIFY COLUMN may copy the table; said so rather than guessed.)
+        rewriting_changes=frozenset({"widen_integer", "widen_text", "null", "not_null"}),
+        rename_index_sql="ALTER TABLE {table} RENAME INDEX {index} TO {new}",
+        online_index_sql="CREATE {unique}INDEX {index} ON {table} ({columns}) "
+        "ALGORITHM=INPLACE LOCK=NONE",
     ),
 )
 

@@ -147,8 +147,10 @@ CATALOG = CatalogSql(
     "JOIN pg_class t ON t.oid = x.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace "
     "CROSS JOIN LATERAL unnest(CAST(x.indkey AS int2[])) WITH ORDINALITY AS k(attnum, position) "
     "LEFT JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum "
+    # (An invalid index, left by an interrupted CREATE INDEX CONCURRENTLY, is
+    # no index: a migration drops it and builds it again.)
     "WHERE n.nspname = COALESCE({schema}, current_schema()) AND t.relname = {table} "
-    "ORDER BY i.relname, k.position",
+    "AND x.indisvalid ORDER BY i.relname, k.position",
     references="SELECT c.conname AS name, k.position, a.attname AS column_name, rn.nspname AS to_schema, "
     "r.relname AS to_table, ra.attname AS to_column FROM pg_constraint c "
     "JOIN pg_class t ON t.oid = c.conrelid JOIN pg_namespace n ON n.oid = t.relnamespace "
@@ -290,6 +292,33 @@ ADAPTER = DialectAdapter(
         current_schema_sql="SELECT current_schema() AS name",
         outbox_ticks_sql=OUTBOX_TICKS_DDL,
         catalog=CATALOG,
+        alter_column_sql={
+            "type": "ALTER TABLE {table} ALTER COLUMN {column} TYPE {type}",
+            "null": "ALTER TABLE {table} ALTER COLUMN {column} DROP NOT NULL",
+            "not_null": "ALTER TABLE {table} ALTER COLUMN {column} SET NOT NULL",
+            "set_default": "ALTER TABLE {table} ALTER COLUMN {column} SET DEFAULT {default}",
+            "drop_default": "ALTER TABLE {table} ALTER COLUMN {column} DROP DEFAULT",
+        },
+        # (varchar(n) to varchar(m > n) or text keeps the rows as they are.)
+        rewriting_changes=frozenset({"widen_integer"}),
+        rename_index_sql="ALTER INDEX {index} RENAME TO {new}",
+        online_index_sql="CREATE {unique}INDEX CONCURRENTLY IF NOT EXISTS {index} ON {table} "
+        "({columns})",
+        online_outside_transaction=True,
+        online_lock_sql=(
+            "SELECT set_config('lock_timeout', CAST(CAST({milliseconds} AS integer) AS text), "
+            "FALSE)",
+            "SELECT pg_try_advisory_lock(hashtext({key})) AS taken",
+        ),
+        online_unlock_sql=(
+            "SELECT pg_advisory_unlock(hashtext({key}))",
+            "RESET lock_timeout",
+        ),
+        invalid_index_sql="SELECT 1 AS invalid FROM pg_index x JOIN pg_class i "
+        "ON i.oid = x.indexrelid JOIN pg_namespace n ON n.oid = i.relnamespace "
+        "WHERE n.nspname = COALESCE({schema}, current_schema()) AND i.relname = {index} "
+        "AND NOT x.indisvalid",
+        drop_index_online_sql="DROP INDEX CONCURRENTLY IF EXISTS {index}",
     ),
 )
 

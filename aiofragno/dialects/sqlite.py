@@ -153,6 +153,11 @@ _BASE = DialectAdapter(
         add_column_references=True,
         catalog=CATALOG,
         add_primary_key=False,
+        # Columns are changed by rebuilding the table (no alter_column_sql),
+        # as SQLite documents it: foreign keys off meanwhile, checked after.
+        migration_setup_sql=("PRAGMA foreign_keys = OFF",),
+        migration_teardown_sql=("PRAGMA foreign_keys = ON",),
+        foreign_key_check_sql="PRAGMA foreign_key_check",
     ),
 )
 

@@ -535,6 +535,11 @@ class Schema:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def table_name(table: str | Table[Any]) -> str:
+    """The name of a table given by name or as its ``af.Table``."""
+    return table if isinstance(table, str) else table.name
+
+
 def tables_in_dependency_order(schema: Schema) -> Iterable[Table[Any]]:
     """Referenced tables before the tables that reference them (cycles: in
     declaration order; their foreign keys are added after the tables)."""

@@ -43,7 +43,7 @@ from ..brief import brief
 from ..driver import CompiledQuery
 from ..errors import ConcurrencyConflict, SchemaError, ValidationError
 from ..row_types import JoinCheck, check_row_type, members
-from ..schema import Table
+from ..schema import Table, table_name
 from .catalog import ALIAS, Catalog, TableInfo
 from .compiling import Compiling
 from .expr import Expr, where_expr
@@ -503,13 +503,9 @@ def _tree_shape(joins: Joins) -> Any:
     return tuple(
         (name, "one", spec.column, spec.where is None, _tree_shape(spec.join or {}))
         if isinstance(spec, One)
-        else (name, "many", _table_name(spec.table), spec.by, _tree_shape(spec.join or {}))
+        else (name, "many", table_name(spec.table), spec.by, _tree_shape(spec.join or {}))
         for name, spec in joins.items()
     )
-
-
-def _table_name(table: str | Table[Any]) -> str:
-    return table if isinstance(table, str) else table.name
 
 
 def _check_row(

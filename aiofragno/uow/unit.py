@@ -8,7 +8,7 @@ from typing import Any, TypeVar, overload
 
 from ..driver import CompiledQuery, QueryResult
 from ..errors import ProgrammingError, ValidationError
-from ..schema import RowId, Table
+from ..schema import RowId, Table, table_name
 from .aggregates import Aggregate, AggregateFn
 from .bulk import All, BulkWrite, create_rows, expand, queue_bulk
 from .catalog import Catalog
@@ -342,7 +342,7 @@ class UnitOfWork:
         docs/units-of-work.md, "Bulk writes"."""
         if values is None:
             raise ValidationError(
-                f"update_many on {_name(table)!r} needs values= (the columns to set)"
+                f"update_many on {table_name(table)!r} needs values= (the columns to set)"
             )
         return self._bulk(table, where, rows, values, check)
 
@@ -468,7 +468,3 @@ def _no_select_with_join(select: Sequence[str] | None) -> None:
             "a find with join= reads whole rows: leave out select= (a join follows "
             "columns that select= could leave out)"
         )
-
-
-def _name(table: TableRef) -> str:
-    return table if isinstance(table, str) else table.name

@@ -24,7 +24,11 @@ driver alone (``raw-*``, the floor aiofragno's own cost adds to):
   / the driver's pool and a statement with one parameter;
 * ``transaction`` / ``raw-transaction``: ``db.transaction()`` running a
   SELECT, an UPDATE and an INSERT / the same statements between the
-  driver's BEGIN and COMMIT.
+  driver's BEGIN and COMMIT;
+* ``upsert`` / ``raw-upsert``: the unit of ``benchmarks.upsert_mix`` (two
+  upserts by a unique name, one creating its row, one updating a row made
+  earlier) through ``db.execute_uow`` / its hand-written ``raw`` variant
+  (on SQLite too: sqlite3 on a worker thread).
 
 With ``--cpu C`` it measures client CPU time instead (``time.process_time``
 of the client process, so the server's share and other load on the machine
@@ -72,10 +76,17 @@ WORKLOADS = (
     "raw-read",
     "transaction",
     "raw-transaction",
+    "upsert",
+    "raw-upsert",
 )
 Operation = Callable[[], Awaitable[object]]
 # The driver alone doing what a workload does (or its reads).
-RAW_OF = {"fetch-one": "raw-read", "read-unit": "raw-read", "transaction": "raw-transaction"}
+RAW_OF = {
+    "fetch-one": "raw-read",
+    "read-unit": "raw-read",
+    "transaction": "raw-transaction",
+    "upsert": "raw-upsert",
+}
 
 
 def shop_schema() -> Any:
@@ -106,6 +117,8 @@ async def workload(
         url = URLS[backend] or f"sqlite:///{tmp}/unitinstr.db"
         async with af.connect(url, outbox=outbox, pool_size=max(concurrency, 1)) as db:
             namespace = f"unitinstr{os.getpid()}"
+            if name.endswith("upsert"):
+                return await upserts(db, backend, url, namespace, name, operations, concurrency)
             await db.migrate(shop, namespace=namespace)
 
             async def open_accounts(uow: Any) -> None:
@@ -128,6 +141,39 @@ async def workload(
                     await raw.close()
             operation = aiofragno_operation(db, shop, namespace, tables, name)
             return await run(operation, operations, concurrency)
+
+
+async def upserts(
+    db: Any, backend: str, url: str, namespace: str, name: str, operations: int, concurrency: int
+) -> float | None:
+    """:func:`workload` for ``upsert`` and ``raw-upsert``: the units of
+    ``benchmarks.upsert_mix`` (the measured tree's), each creating one key
+    and updating one of ten made by the first units."""
+    import itertools
+
+    import aiofragno as af
+    from benchmarks import _common, upsert_mix
+
+    await db.migrate(upsert_mix.SCHEMA, namespace=namespace)
+    identifier = db.layout(upsert_mix.SCHEMA, namespace).table("counters").identifier
+    table = db.compile(af.sql("{t}", t=identifier)).sql
+    close = None
+    if name == "upsert":
+        unit = upsert_mix.aiofragno_unit(db, namespace)
+    else:
+        target = _common.Target(backend, url)
+        unit, close = await upsert_mix.raw_unit(target, table, max(concurrency, 1))
+    numbers = itertools.count()
+
+    async def operation() -> object:
+        i = next(numbers)
+        return await unit([(f"new{i}", i), (f"k{i % 10}", i)])
+
+    try:
+        return await run(operation, operations, concurrency)
+    finally:
+        if close is not None:
+            await close()
 
 
 async def run(operation: Operation, operations: int, concurrency: int) -> float | None:

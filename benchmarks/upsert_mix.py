@@ -94,14 +94,16 @@ def aiofragno_unit(db: af.Database, namespace: str) -> Unit:
 
 
 async def raw_unit(
-    dialect: str, url: str, table: str
+    target: common.Target, table: str, pool_size: int = common.POOL_SIZE
 ) -> tuple[Unit, Callable[[], Awaitable[None]]]:
-    """The hand-written unit, and what closes its connections."""
+    """The hand-written unit, and what closes its connections. The pools
+    are set up as aiofragno's: asyncpg's sends nothing on release (its
+    default reset query would be one more round trip per unit, which
+    aiofragno does not make), asyncmy's talks utf8mb4."""
     returning = "RETURNING id, _version, _id"
+    dialect = target.dialect
     if dialect == "postgresql":
-        import asyncpg
-
-        pool = await asyncpg.create_pool(url, min_size=common.POOL_SIZE, max_size=common.POOL_SIZE)
+        pool = await common.asyncpg_pool(target, pool_size)
         sql = (
             f"INSERT INTO {table} AS t (id, name, value) VALUES ($1, $2, $3) ON CONFLICT (name) "
             f"DO UPDATE SET value = excluded.value, _version = t._version + 1 {returning}"
@@ -113,11 +115,7 @@ async def raw_unit(
 
         return pg, pool.close
     if dialect == "mysql":
-        import asyncmy
-
-        pool = await asyncmy.create_pool(
-            minsize=common.POOL_SIZE, maxsize=common.POOL_SIZE, **common.asyncmy_options(url)
-        )
+        pool = await common.asyncmy_pool(target, pool_size)
         upsert = (
             f"INSERT INTO {table} (id, name, value) VALUES (%s, %s, %s) ON DUPLICATE KEY UPDATE "
             "value = IF(name <=> VALUES(name), VALUES(value), value), "
@@ -143,8 +141,7 @@ async def raw_unit(
             await pool.wait_closed()
 
         return my, close
-    path = common.Target("sqlite", url).sqlite_path
-    connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    connection = sqlite3.connect(target.sqlite_path, check_same_thread=False, isolation_level=None)
     connection.execute(f"PRAGMA busy_timeout = {int(common.SQLITE_BUSY_TIMEOUT * 1000)}")
     connection.execute("PRAGMA journal_mode = WAL")
     connection.execute("PRAGMA foreign_keys = ON")
@@ -294,7 +291,7 @@ async def measure(
         quote = db._engine.compiler.quote_identifier
         table = ".".join(quote(p) for p in parts)
         try:
-            raw, close = await raw_unit(target.dialect, url, table)
+            raw, close = await raw_unit(target, table)
             stack.push_async_callback(close)
             engine = await sa.engine(target)
             stack.push_async_callback(engine.dispose)

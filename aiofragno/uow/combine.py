@@ -7,8 +7,10 @@ of one per operation.
 Every part of a WITH sees the snapshot the statement started with, and none
 sees the others' changes. So only operations whose outcome cannot depend on
 their order are combined: each on a different row, none referring to a row
-that another creates, and no deletes. A phase is cut into such runs
-(:func:`groups`), each one statement of bounded size, run in order.
+that another creates, and no deletes; upserts only with upserts by other
+keys of the same unique index (:func:`~.upsert.gathers`), the statement then
+returning each one's row. A phase is cut into such runs (:func:`groups`),
+each one statement of bounded size, run in order.
 
 With the outbox on, the statement can also carry the unit's outbox entry and
 run outside any transaction, committing on its own (:func:`combine_committing`):
@@ -23,11 +25,12 @@ from itertools import chain
 from operator import attrgetter
 from typing import Any
 
-from ..driver import CompiledQuery, QueryResult
+from ..driver import CompiledQuery, QueryResult, Row, column_index
 from ..sqltext import SqlText
 from .catalog import Catalog
 from .ops import Create, MutationOp, statement_text
 from .stale import STALE
+from .upsert import gathers
 
 # (map() with it, and zip(), build a statement's key and parameters without
 # a generator's frame: this runs for every unit of work.)
@@ -50,8 +53,9 @@ def groups(ops: Sequence[MutationOp]) -> list[Sequence[MutationOp]]:
     """``ops`` cut, in order, into runs that each give the same result run as
     one statement: a run ends before an operation on a row it already
     touches or that looks up a row it creates, and when it is full; a
-    delete (or an upsert) runs alone. Run one after the other, the runs give the same
-    result as the operations one by one, in far fewer statements."""
+    delete runs alone, an upsert alone or with upserts it
+    :func:`~.upsert.gathers` with. Run one after the other, the runs give
+    the same result as the operations one by one, in far fewer statements."""
     runs: list[Sequence[MutationOp]] = []
     run: list[MutationOp] = []
     touched: set[tuple[str, str]] = set()
@@ -61,7 +65,7 @@ def groups(ops: Sequence[MutationOp]) -> list[Sequence[MutationOp]]:
         row = (op.table.name, str(op.target))
         size = len(op.query.parameters)
         if run and (
-            op.runs_alone
+            ((op.runs_alone or run[-1].runs_alone) and not gathers(run, op))
             or row in touched
             or any(ref in created for ref in op.lookups)
             or len(run) == MAX_PARTS
@@ -72,11 +76,8 @@ def groups(ops: Sequence[MutationOp]) -> list[Sequence[MutationOp]]:
         run.append(op)
         touched.add(row)
         parameters += size
-        if isinstance(op, Create):
+        if isinstance(op, Create) or op.returns:  # (an upsert may create its row)
             created.add(row[1])
-        elif op.runs_alone:
-            runs.append(run)
-            run, touched, created, parameters = [], set(), set(), 0
     if run:
         runs.append(run)
     return runs
@@ -89,10 +90,19 @@ def combine(catalog: Catalog, ops: Sequence[MutationOp]) -> CompiledQuery:
     key = ("combined", *texts)
     text = catalog.sql_cache.get(key)
     if text is None:
-        counts = [f"(SELECT count(*) FROM q{index}) AS n{index}" for index in range(len(ops))]
-        statement = "WITH " + SqlText.join(_parts(catalog, ops)) + " SELECT " + ", ".join(counts)
+        statement = "WITH " + SqlText.join(_parts(catalog, ops)) + " SELECT " + _results(ops)
         text = catalog.sql_cache[key] = catalog.compiler.render(statement)
     return CompiledQuery(text, tuple(chain.from_iterable(parameters)))
+
+
+def _results(ops: Sequence[MutationOp]) -> str:
+    """What the combined statement selects: the rows each operation matched
+    (counts), or for operations that return their row (upserts, which
+    always return one), those rows' columns side by side."""
+    if ops[0].returns:
+        parts = [f"q{index}" for index in range(len(ops))]
+        return ", ".join(f"{part}.*" for part in parts) + " FROM " + ", ".join(parts)
+    return ", ".join(f"(SELECT count(*) FROM q{index}) AS n{index}" for index in range(len(ops)))
 
 
 def combine_committing(
@@ -144,14 +154,24 @@ def _parts(catalog: Catalog, ops: Sequence[MutationOp]) -> list[SqlText]:
     parts: list[SqlText] = []
     for index, op in enumerate(ops):
         statement = statement_text(catalog, op.table, op.render)
-        # A check is a SELECT of the row already; a write returns one row per
-        # row it changed.
-        returning = "" if op.is_read else " RETURNING 1"
+        # A check is a SELECT of the row already, an upsert returns its row;
+        # another write returns one row per row it changed.
+        returning = "" if op.is_read or op.returns else " RETURNING 1"
         parts.append(f"q{index} AS (" + statement + f"{returning})")
     return parts
 
 
 def split(ops: Sequence[MutationOp], result: QueryResult) -> list[QueryResult]:
-    """Each operation's result (the rows it matched) from the combined
-    statement's one row, whose columns are the counts in operation order."""
-    return [QueryResult([], int(count)) for count in result.rows[0].values()]
+    """Each operation's result from the combined statement's one row, whose
+    columns are the counts of the rows each matched, in operation order
+    (or, see :func:`_results`, each one's returned row)."""
+    row = result.rows[0]
+    width = ops[0].returns
+    if not width:
+        return [QueryResult([], int(count)) for count in row.values()]
+    values = tuple(row.raw)
+    index = column_index(tuple(row)[:width])  # (the names repeat from part to part)
+    return [
+        QueryResult([Row(index, values[start : start + width])], 1)
+        for start in range(0, len(values), width)
+    ]

@@ -527,6 +527,9 @@ class MutationOp:
     runs_alone: bool = False
     # Takes its statement's result (:meth:`take`) once the phase ran it.
     wants_result: bool = False
+    # The columns its statement returns for :meth:`take` (its RETURNING),
+    # which a statement combining it with others returns too (0: none).
+    returns: int = 0
     # Whether it has an entry of its own in the outbox payload, and
     # (describe) writes that entry itself (bulk writes, .bulk).
     in_outbox: bool = True

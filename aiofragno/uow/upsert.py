@@ -110,12 +110,20 @@ class Upsert(MutationOp):
         self.handle = handle
         self.key = key_values(table, index, self.values)
         self.returning = catalog.adapter.capabilities.supports_returning
+        self.returns = 3 if self.returning else 0  # (see render)
         # ("create" in the key: the text depends on what Create's did.)
         key = ("upsert", create.query.sql, index.name, update, self.returning)
         self.query = CompiledQuery(
             cached_text(catalog, table, key, self.render), create.query.parameters
         )
         self._catalog = catalog
+
+    @property
+    def key_id(self) -> tuple[Any, ...] | None:
+        """The key's values, to tell it from another upsert's; None where
+        Python's equality may disagree with the database's (a float: NaN)."""
+        values = tuple(self.key.values())
+        return None if any(type(v) is float for v in values) else values
 
     @functools.cached_property
     def id_sql(self) -> tuple[SqlText, list[Any]]:
@@ -299,6 +307,24 @@ class UpsertRead(MutationOp):
             f"{self.stale()}: the row it would write collides with another row on another "
             "unique index; nothing was written"
         )
+
+
+def gathers(run: Sequence[MutationOp], op: MutationOp) -> bool:
+    """Whether ``op`` may join ``run`` in one statement (a data-modifying
+    WITH, whose parts all see one snapshot and must not write one row
+    twice): both upserts returning their rows, by the same unique index of
+    the same table, ``op``'s key held by none of ``run``'s. A row holds one
+    key, so no two of them write the same row; one that collides with
+    another's row on another unique index fails as it would alone."""
+    first = run[0]
+    if not (isinstance(op, Upsert) and isinstance(first, Upsert) and op.returns):
+        return False
+    if op.table.name != first.table.name or op.index.name != first.index.name:
+        return False
+    key = op.key_id
+    return key is not None and all(
+        isinstance(other, Upsert) and other.key_id != key for other in run
+    )
 
 
 def upsert_ops(catalog: Catalog, upsert: Upsert) -> list[MutationOp]:

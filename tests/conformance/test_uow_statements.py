@@ -18,6 +18,7 @@ from aiofragno.session import Session
 from tests.conformance.uow_env import (
     Env,
     RecordingPolicy,
+    SentBatches,
     Unit,
     read_account,
     seed_accounts,
@@ -25,34 +26,6 @@ from tests.conformance.uow_env import (
 )
 
 pytestmark = pytest.mark.anyio
-
-
-class SentBatches:
-    """The statements each mutation-phase batch carried to the driver (with
-    COMMIT, where the engine checks the results in this process)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.batches: list[list[str]] = []
-        execute_batch, commit = Session.execute_batch, Session.commit
-
-        async def spying(self_: Session, queries: Any, stop: Any = None) -> Any:
-            if self_.in_transaction:  # (the retrieval phase runs outside one)
-                self.batches.append([q.sql for q in queries])
-            return await execute_batch(self_, queries, stop)
-
-        async def spying_commit(self_: Session, queries: Any = (), stop: Any = None) -> Any:
-            if stop is not None:  # (the writes, checked on the way)
-                self.batches.append([q.sql for q in queries])
-            return await commit(self_, queries, stop)
-
-        monkeypatch.setattr(Session, "execute_batch", spying)
-        monkeypatch.setattr(Session, "commit", spying_commit)
-
-    def combined(self) -> bool:
-        """Whether a phase since the last call went out as one statement (a
-        failed one is retried statement by statement)."""
-        batches, self.batches = self.batches, []
-        return any(len(b) == 1 and b[0].startswith("WITH q0 AS") for b in batches)
 
 
 async def test_independent_operations_travel_as_one_statement(

@@ -14,7 +14,7 @@ import pytest
 
 import aiofragno as af
 from tests.conformance.namespaces import new_namespace
-from tests.conformance.uow_env import Env, drop_namespace
+from tests.conformance.uow_env import Env, SentBatches, drop_namespace
 from tests.conftest import Target
 
 pytestmark = pytest.mark.anyio
@@ -137,6 +137,71 @@ async def test_upsert_by_a_key_with_a_reference_and_next_to_other_writes(keys: E
     assert (tag["counter"], tag["uses"]) == (counter, 5)
     kinds = [(m["op"], m["table"]) for m in await mutations(keys, start)]
     assert kinds == [("create", "counters"), ("create", "tags"), ("update", "tags")]
+
+
+async def test_upserts_by_other_keys_travel_together_with_the_same_outcome(
+    keys: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the database has data-modifying WITH (PostgreSQL), upserts by
+    other keys of one unique index are one statement, returning each one's
+    row; an upsert of a key already in the run starts another. Each result,
+    row version and outbox mutation is what the upserts one by one give; a
+    collision on another unique index fails as it would alone (then as a
+    conflict where the unit counts it so)."""
+    start = await keys.db.outbox.latest()
+    await keys.create("counters", {"name": "a", "count": 1})
+    sent = SentBatches(monkeypatch)
+
+    async def unit(uow: af.UnitOfWork) -> list[af.Upserted]:
+        names = [("a", 2), ("c", 3), ("a", 4), ("b", 5)]
+        return [uow.upsert("counters", {"name": n, "count": c}, on="by_name") for n, c in names]
+
+    a, c, again, b = await keys.run(unit)
+    combined = keys.db._engine.adapter.capabilities.supports_writable_cte
+    together = [b for b in sent.batches if len(b) == 1 and b[0].startswith("WITH q0 AS")]
+    assert len(together) == (2 if combined else 0)
+    assert [(u.created, u.result.version) for u in (a, c, again, b)] == [
+        (False, 1),
+        (True, 0),
+        (False, 2),
+        (True, 0),
+    ]
+    assert again.result == a.result and len({a.result, c.result, b.result}) == 3
+    rows = await keys.find("counters", order_by="name")
+    assert [(r["name"], r["count"], r["id"].version) for r in rows] == [
+        ("a", 4, 2),
+        ("b", 5, 0),
+        ("c", 3, 0),
+    ]
+    assert [r["id"].internal_id for r in rows] == [
+        a.result.internal_id,
+        b.result.internal_id,
+        c.result.internal_id,
+    ]
+    kinds = [(m["op"], m["external_id"]) for m in await mutations(keys, start)]
+    assert kinds == [
+        ("create", a.result),
+        ("update", a.result),
+        ("create", c.result),
+        ("update", a.result),
+        ("create", b.result),
+    ]
+    before = await keys.snapshot()
+
+    def collide(*indexes: str) -> Any:
+        async def unit(uow: af.UnitOfWork) -> None:
+            if indexes:
+                uow.conflict_on_unique("counters", *indexes)
+            uow.upsert("counters", {"name": "x", "email": "same@x"}, on="by_name")
+            uow.upsert("counters", {"name": "y", "email": "same@x"}, on="by_name")
+
+        return unit
+
+    with pytest.raises(af.UniqueViolation):
+        await keys.run(collide())
+    with pytest.raises(af.ConcurrencyConflict):
+        await keys.run(collide("by_email"), retry=af.NoRetry())
+    assert await keys.snapshot() == before
 
 
 async def test_upsert_refuses_bad_input_before_any_sql(keys: Env) -> None:

@@ -1,7 +1,8 @@
 """What the unit-of-work conformance modules (test_uow_*.py) share: the
 schemas most of them migrate, ``Env`` (one migrated schema in a namespace of
 its own, with short-cuts to read and write through units), seeding helpers,
-and a retry policy that records what it was asked. Their fixtures
+a retry policy that records what it was asked, and a spy on the statements
+mutation phases send (``SentBatches``). Their fixtures
 (``make_env``, ``shop``, ``items``) are in conftest.py."""
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
 import aiofragno as af
 from aiofragno.schema import tables_in_dependency_order
+from aiofragno.session import Session
 
 SHOP = af.Schema(
     "shop",
@@ -178,3 +182,31 @@ class RecordingPolicy:
     def delay(self, attempt: int) -> float | None:
         self.asked.append(attempt)
         return 0.0 if attempt <= self.limit else None
+
+
+class SentBatches:
+    """The statements each mutation-phase batch carried to the driver (with
+    COMMIT, where the engine checks the results in this process)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.batches: list[list[str]] = []
+        execute_batch, commit = Session.execute_batch, Session.commit
+
+        async def spying(self_: Session, queries: Any, stop: Any = None) -> Any:
+            if self_.in_transaction:  # (the retrieval phase runs outside one)
+                self.batches.append([q.sql for q in queries])
+            return await execute_batch(self_, queries, stop)
+
+        async def spying_commit(self_: Session, queries: Any = (), stop: Any = None) -> Any:
+            if stop is not None:  # (the writes, checked on the way)
+                self.batches.append([q.sql for q in queries])
+            return await commit(self_, queries, stop)
+
+        monkeypatch.setattr(Session, "execute_batch", spying)
+        monkeypatch.setattr(Session, "commit", spying_commit)
+
+    def combined(self) -> bool:
+        """Whether a phase since the last call went out as one statement (a
+        failed one is retried statement by statement)."""
+        batches, self.batches = self.batches, []
+        return any(len(b) == 1 and b[0].startswith("WITH q0 AS") for b in batches)

@@ -22,6 +22,10 @@ def unique_index(table: TableInfo, on: Any) -> Index:
     list or tuple, in any order). Refused with a ValidationError naming the
     table's unique indexes otherwise."""
     indexes = table.table.indexes
+    if type(on) is str:
+        index = indexes.get(on)
+        if index is not None and index.unique and EXTERNAL_ID not in index.columns:
+            return index  # (the common case, without the listing errors name)
     unique = [index for index in indexes.values() if index.unique]
     known = ", ".join(f"{i.name} {list(i.columns)}" for i in unique) or "none"
     if isinstance(on, str):

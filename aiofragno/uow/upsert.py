@@ -109,6 +109,10 @@ class Upsert(MutationOp):
         self.update = update
         self.handle = handle
         self.key = key_values(table, index, self.values)
+        # The key's values, to tell it from another upsert's (gathers); None
+        # where Python's equality may disagree with the database's (NaN).
+        key_id = tuple(self.key.values())
+        self.key_id = None if float in map(type, key_id) else key_id
         self.returning = catalog.adapter.capabilities.supports_returning
         self.returns = 3 if self.returning else 0  # (see render)
         # ("create" in the key: the text depends on what Create's did.)
@@ -117,13 +121,6 @@ class Upsert(MutationOp):
             cached_text(catalog, table, key, self.render), create.query.parameters
         )
         self._catalog = catalog
-
-    @property
-    def key_id(self) -> tuple[Any, ...] | None:
-        """The key's values, to tell it from another upsert's; None where
-        Python's equality may disagree with the database's (a float: NaN)."""
-        values = tuple(self.key.values())
-        return None if any(type(v) is float for v in values) else values
 
     @functools.cached_property
     def id_sql(self) -> tuple[SqlText, list[Any]]:

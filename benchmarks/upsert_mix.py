@@ -7,11 +7,16 @@ bumped) and returns both rows' ids. Variants per backend:
 * ``aiofragno``: ``db.execute_uow`` with two ``uow.upsert`` (outbox off);
 * ``aiofragno+outbox``: the same with the outbox on (its entry says, per
   upsert, whether it created or updated);
-* ``raw``: the statements aiofragno sends, hand-written on the driver — in
-  one transaction, ``INSERT .. ON CONFLICT .. DO UPDATE .. RETURNING`` twice
-  (PostgreSQL: asyncpg pool; SQLite: sqlite3 on a worker thread, the whole
-  unit in one hop, ``BEGIN IMMEDIATE``), or ``INSERT .. ON DUPLICATE KEY
-  UPDATE`` and the read-back twice (MySQL: asyncmy pool);
+* ``raw``: the same work hand-written on the driver, as one would write it —
+  in one transaction, ``INSERT .. ON CONFLICT .. DO UPDATE .. RETURNING``
+  twice (PostgreSQL: asyncpg pool, no reset query on release, as
+  aiofragno's; SQLite: sqlite3 on a worker thread, the whole unit in one
+  hop, ``BEGIN IMMEDIATE``), or ``INSERT .. ON DUPLICATE KEY UPDATE`` acting
+  on the name alone and the read-back twice (MySQL: asyncmy pool). Each
+  bumps the version of a row it updates and returns both rows' id, version
+  and internal id (whether it created the row: its id is the one it sent).
+  aiofragno's unit does the same work; on PostgreSQL its two upserts (by
+  different keys) go as one statement, a round trip fewer;
 * ``sqlalchemy-core``, ``sqlalchemy-orm``: the same statements through
   SQLAlchemy 2 Core and through its ORM (ORM-enabled upserts returning the
   mapped object), a pool of as many connections, the same drivers (aiosqlite

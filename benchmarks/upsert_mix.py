@@ -20,7 +20,8 @@ bumped) and returns both rows' ids. Variants per backend:
 * ``sqlalchemy-core``, ``sqlalchemy-orm``: the same statements through
   SQLAlchemy 2 Core and through its ORM (ORM-enabled upserts returning the
   mapped object), a pool of as many connections, the same drivers (aiosqlite
-  on SQLite).
+  on SQLite, its writers queued in-process as the others', see
+  :func:`one_writer`).
 
 All run interleaved in ``--rounds`` rounds (every other round in reverse
 order, a warm-up excluded); reported: units/s (median over rounds) and the
@@ -172,6 +173,21 @@ async def raw_unit(
     return lite, close
 
 
+def one_writer(unit: Unit) -> Unit:
+    """``unit`` with its writers queued in this process, one at a time, as
+    the raw variant's lock and aiofragno's write gate queue theirs: on
+    SQLite, SQLAlchemy's writers otherwise wait in SQLite's busy handler,
+    which serves them in no order, and on a loaded machine some waited past
+    busy_timeout ("database is locked")."""
+    lock = asyncio.Lock()
+
+    async def queued(pairs: list[tuple[str, int]]) -> Any:
+        async with lock:
+            return await unit(pairs)
+
+    return queued
+
+
 def sqlalchemy_units(dialect: str, engine: Any, parts: tuple[str, ...]) -> tuple[Unit, Unit]:
     """The unit through SQLAlchemy 2 Core and through its ORM, one
     transaction each: PostgreSQL and SQLite ``insert(...).on_conflict_do_update
@@ -307,7 +323,10 @@ async def measure(
                         aiofragno_unit(db, namespace),
                         aiofragno_unit(odb, namespace),
                         raw,
-                        *sqlalchemy_units(target.dialect, engine, parts),
+                        *(
+                            one_writer(unit) if target.dialect == "sqlite" else unit
+                            for unit in sqlalchemy_units(target.dialect, engine, parts)
+                        ),
                     ],
                     strict=True,
                 )

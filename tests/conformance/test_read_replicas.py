@@ -1,5 +1,5 @@
 """Read replicas (aiofragno.replicas) on a real primary and hot standby
-whose log arrives 30 ms late (tests/pg_replicas.py): a task reads its own
+whose log arrives 30 ms late (tests/pg_replication.py): a task reads its own
 writes on the replica, while a task that has not written sees the
 replica's lag; a unit run with reads="replica" refuses writes before their
 SQL; reads fall back to the primary when the replica cannot serve them
@@ -18,7 +18,7 @@ import pytest
 import aiofragno as af
 from tests.conftest import Target
 from tests.faults import tcp_proxy
-from tests.pg_replicas import ReplicaPair, replica_pair, replica_pairs
+from tests.pg_replication import ReplicationPair, replica_pair, replica_pairs
 
 __all__ = ["replica_pair", "replica_pairs"]  # (fixtures)
 
@@ -92,7 +92,7 @@ async def read_after(written: anyio.Event, notes: Notes, text: str, seen: list[i
 
 
 @pytest.fixture
-async def notes(replica_pair: ReplicaPair, target: Target) -> AsyncIterator[Notes]:
+async def notes(replica_pair: ReplicationPair, target: Target) -> AsyncIterator[Notes]:
     async with af.connect(
         replica_pair.primary.url, backend=target.backend, replicas=[replica_pair.standby.url]
     ) as db:
@@ -160,7 +160,7 @@ async def test_a_replica_unit_refuses_writes_before_their_sql(notes: Notes) -> N
 
 
 async def test_reads_fall_back_to_the_primary(
-    replica_pair: ReplicaPair, target: Target, notes: Notes
+    replica_pair: ReplicationPair, target: Target, notes: Notes
 ) -> None:
     primary, standby = replica_pair.primary, replica_pair.standby
     # Waiting for nothing: right after a write the replica has not replayed it.
@@ -213,7 +213,7 @@ async def test_reads_fall_back_to_the_primary(
 
 
 async def test_cancelled_anywhere_a_task_still_reads_its_writes(
-    replica_pair: ReplicaPair, target: Target, notes: Notes
+    replica_pair: ReplicationPair, target: Target, notes: Notes
 ) -> None:
     """A write or a replica read cancelled at any point (the commit, the
     position's read after it, the wait for the replica): no connection is

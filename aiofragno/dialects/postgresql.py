@@ -55,6 +55,16 @@ SESSION_SQL = f"SELECT {SESSION} FROM pg_stat_activity WHERE pid = pg_backend_pi
 # while a standby has replayed all it received (pg_last_xact_replay_timestamp
 # alone grows while the primary is idle), else the age of the last
 # transaction replayed.
+# The insert position. When the last record ended exactly at a page's end,
+# that position is past the next page's header (24 bytes; 40 at a segment's
+# start), which a standby reaches only with the next record — on an idle
+# primary, never: so it is taken back to the page boundary (no record ends
+# inside a header).
+WAL_POSITION_SQL = (
+    "SELECT p - CASE WHEN p % pg_size_bytes(current_setting('wal_segment_size')) = 40 THEN 40 "
+    "WHEN p % current_setting('wal_block_size')::bigint = 24 THEN 24 ELSE 0 END AS position "
+    "FROM (SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint AS p) AS insert"
+)
 ROLE_SQL = (
     f"SELECT ({SESSION_SQL}) AS session, pg_is_in_recovery() AS standby, "
     "current_setting('transaction_read_only') = 'on' AS read_only, "
@@ -213,7 +223,7 @@ ADAPTER = DialectAdapter(
         # (The insert position, not the flush position: read right after a
         # commit it is at or past the commit's record even with
         # synchronous_commit off.)
-        wal_position="SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint AS position",
+        wal_position=WAL_POSITION_SQL,
         # (Caught up with all it received: no lag. Else the age of the last
         # transaction it replayed, which overstates the lag after the primary
         # was idle; a sample, not a promise.)

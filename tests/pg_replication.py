@@ -41,7 +41,7 @@ from pathlib import Path
 
 import anyio.to_thread
 import pytest
-from anyio.from_thread import start_blocking_portal
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from aiofragno.hosts import FENCE
 from tests.conftest import Target, required_dialects
@@ -201,12 +201,13 @@ class ReplicationPair:
         self,
         primary: PrimaryServer,
         standby: StandbyServer,
-        link: Proxy | None = None,
+        link: tuple[Proxy, BlockingPortal] | None = None,
         stack: ExitStack | None = None,
     ) -> None:
         self.primary = primary
         self.standby = standby
-        self.link = link
+        self.link: Proxy | None = link[0] if link else None
+        self._portal: BlockingPortal | None = link[1] if link else None
         self._stack = stack or ExitStack()
 
     @classmethod
@@ -219,7 +220,7 @@ class ReplicationPair:
             stack.callback(primary.close)
             primary.create_blocking()
             link = None if latency is None else _link(stack, primary, latency)
-            standby = StandbyServer(primary, link.port if link else None)
+            standby = StandbyServer(primary, link[0].port if link else None)
             stack.callback(standby.close)
             standby.create_blocking()
             pair = cls(primary, standby, link, stack)
@@ -236,6 +237,14 @@ class ReplicationPair:
             stack.close()
             raise
         return pair
+
+    def stall_link(self, stalled: bool) -> None:
+        """Hold back (True) or pass on again (False) the log on its way to
+        the standby, whatever the primary commits meanwhile (a pair made
+        with a latency)."""
+        link, portal = self.link, self._portal
+        assert link is not None and portal is not None, "no link: make the pair with a latency"
+        portal.call(link.stall, stalled)  # (in the link's own thread)
 
     def pids(self) -> dict[str, int]:
         """Each server's main process (for metering its processes' CPU)."""
@@ -276,7 +285,7 @@ class ReplicationPair:
             self._stack.close()
 
 
-def _link(stack: ExitStack, primary: PrimaryServer, latency: float) -> Proxy:
+def _link(stack: ExitStack, primary: PrimaryServer, latency: float) -> tuple[Proxy, BlockingPortal]:
     """A proxy to ``primary`` in a thread of its own (closed with ``stack``),
     delaying what passes through it by ``latency`` seconds."""
     portal = stack.enter_context(start_blocking_portal())
@@ -284,7 +293,7 @@ def _link(stack: ExitStack, primary: PrimaryServer, latency: float) -> Proxy:
         portal.wrap_async_context_manager(tcp_proxy("127.0.0.1", primary.port))
     )
     link.delay(latency)  # (before the standby's connections open)
-    return link
+    return link, portal
 
 
 def new_pair(*, synchronous: bool, latency: float | None = None) -> ReplicationPair:

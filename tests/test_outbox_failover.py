@@ -97,7 +97,7 @@ async def test_versionstamps_rise_across_a_promotion_that_lost_units(
         pool_size=WRITERS + 4,
     ) as db:
         await db.migrate(EVENTS)
-        tail_stamps, relayed_before = await _failover(db, pair, broker)
+        tailed, relayed_before = await _failover(db, pair, broker)
         # The relay again, on the new primary: after the broker's newest
         # entry, which it no longer holds (lost with the primary).
         resumed = await db.outbox.relay(broker.sink(), until_caught_up=True)
@@ -106,6 +106,7 @@ async def test_versionstamps_rise_across_a_promotion_that_lost_units(
         kept = await entries_on(new)
     messages = await anyio.to_thread.run_sync(broker.read)
     kept_stamps = {e.versionstamp for e in kept}
+    tail_stamps = [stamp for stamp, _ in tailed]
     # Each timeline's versions are consecutive; the new one's start at the floor.
     versions = [version_of(e.versionstamp) for e in kept]
     old = [v for v in versions if v < FLOOR]
@@ -128,20 +129,23 @@ async def test_versionstamps_rise_across_a_promotion_that_lost_units(
     assert first_new > max(stamp for stamp in tail_stamps if version_of(stamp) < FLOOR)
     assert first_new > relayed_before
     # Nothing skipped: both readers got every entry the new primary holds,
-    # as it holds it; no versionstamp twice, none for two entries.
-    bodies = {e.versionstamp: e.to_json() for e in kept}
+    # as it holds it (the same unit under the same versionstamp); no
+    # versionstamp twice, none for two units.
     assert tail_stamps == sorted(set(tail_stamps)), "the tail read out of order or twice"
-    assert kept_stamps <= set(tail_stamps)
+    assert {(e.versionstamp, e.uow_id) for e in kept} <= set(tailed)
+    bodies = {e.versionstamp: e.to_json() for e in kept}
     _check_broker(messages, bodies)
     assert resumed == sum(1 for s in kept_stamps if s > relayed_before)
 
 
-async def _failover(db: af.Database, pair: ReplicationPair, broker: Redis) -> tuple[list[str], str]:
+async def _failover(
+    db: af.Database, pair: ReplicationPair, broker: Redis
+) -> tuple[list[tuple[str, str]], str]:
     """Writers and a tail reader all along, a relay until the primary dies;
     the log held back from the standby, the primary crashed, the standby
-    promoted. The versionstamps the tail reader read, and the broker's
-    newest entry before the promotion."""
-    tailed: list[str] = []
+    promoted. What the tail reader read (versionstamp, uow_id), and the
+    broker's newest entry before the promotion."""
+    tailed: list[tuple[str, str]] = []
     caught_up = anyio.Event()
     target: list[str] = []  # the newest entry, once the writers stopped
     counter = itertools.count()
@@ -159,7 +163,7 @@ async def _failover(db: af.Database, pair: ReplicationPair, broker: Redis) -> tu
 
     async def tail(held_at: list[float]) -> None:
         async for entry in db.outbox.tail(poll_interval=0.02):
-            tailed.append(entry.versionstamp)
+            tailed.append((entry.versionstamp, entry.uow_id))
             if held_at and anyio.current_time() > held_at[0] + 0.1:
                 held_read.set()
             if target and entry.versionstamp >= target[0]:
@@ -196,7 +200,7 @@ async def _failover(db: af.Database, pair: ReplicationPair, broker: Redis) -> tu
         assert latest is not None
         target.append(latest)
         with anyio.fail_after(30):
-            if not (tailed and tailed[-1] >= latest):
+            if not (tailed and tailed[-1][0] >= latest):
                 await caught_up.wait()
         readers.cancel_scope.cancel()
     relayed = await anyio.to_thread.run_sync(broker.read)

@@ -11,7 +11,11 @@ polling ``versionstamp > cursor`` never skips an entry that commits later
 (on MySQL only up to the counter's version read under a shared lock:
 :attr:`SqlSnippets.outbox_read_horizon
 <aiofragno.driver.SqlSnippets.outbox_read_horizon>`, see
-:func:`.queries.horizon`).
+:func:`.queries.horizon`). Where a standby can be promoted (PostgreSQL),
+the reservation is also above the server's version floor
+(:attr:`SqlSnippets.outbox_version_floor
+<aiofragno.driver.SqlSnippets.outbox_version_floor>`): the one jump, at a
+promotion, past every version the old primary could have given.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ import anyio
 import pytest
 
 import aiofragno as af
-from aiofragno.outbox.versionstamp import version_of
+from aiofragno.outbox.queries import passed_by_promotion
+from aiofragno.outbox.versionstamp import version_of, versionstamp
 from tests.conftest import Target
 from tests.pg_replication import ReplicationPair, new_pair
 from tests.relay_brokers import Message, Redis, require_broker
@@ -104,6 +105,13 @@ async def test_versionstamps_rise_across_a_promotion_that_lost_units(
 
     async with af.connect(pair.url(pair.standby), backend=target.backend) as new:
         kept = await entries_on(new)
+        # The relay's check: after an entry the promotion lost, yes; after
+        # one missing below entries of the old timeline, or above the
+        # floor, no.
+        engine = new._engine
+        assert await passed_by_promotion(engine, relayed_before)
+        assert not await passed_by_promotion(engine, versionstamp(1, 1))
+        assert not await passed_by_promotion(engine, versionstamp(FLOOR + 10**9))
     messages = await anyio.to_thread.run_sync(broker.read)
     kept_stamps = {e.versionstamp for e in kept}
     tail_stamps = [stamp for stamp, _ in tailed]
@@ -125,6 +133,7 @@ async def test_versionstamps_rise_across_a_promotion_that_lost_units(
     assert min(lost) > max(s for s in kept_stamps if version_of(s) < FLOOR)
 
     # Above both outside cursors: every entry numbered on the new timeline.
+    assert relayed_before not in kept_stamps
     first_new = min(s for s in kept_stamps if version_of(s) >= FLOOR)
     assert first_new > max(stamp for stamp in tail_stamps if version_of(stamp) < FLOOR)
     assert first_new > relayed_before
@@ -164,7 +173,8 @@ async def _failover(
     async def tail(held_at: list[float]) -> None:
         async for entry in db.outbox.tail(poll_interval=0.02):
             tailed.append((entry.versionstamp, entry.uow_id))
-            if held_at and anyio.current_time() > held_at[0] + 0.1:
+            if held_at and anyio.current_time() > held_at[0] + 0.1 and not held_read.is_set():
+                held_stamp.append(entry.versionstamp)
                 held_read.set()
             if target and entry.versionstamp >= target[0]:
                 caught_up.set()
@@ -173,6 +183,7 @@ async def _failover(
         await db.outbox.relay(broker.sink(), stop=relay_stop, poll_interval=0.02)
 
     held_at: list[float] = []
+    held_stamp: list[str] = []  # the first entry the tail read well after the hold
     async with anyio.create_task_group() as readers:
         readers.start_soon(tail, held_at)
         async with anyio.create_task_group() as tg:
@@ -186,6 +197,12 @@ async def _failover(
                 await anyio.sleep(HELD)
                 with anyio.fail_after(10):
                     await held_read.wait()
+                # (The relay too is past what the standby has.)
+                for _ in range(200):
+                    published = await anyio.to_thread.run_sync(broker.read)
+                    if published and published[-1].id >= held_stamp[0]:
+                        break
+                    await anyio.sleep(0.05)
                 relay_stop.set()
             await pair.primary.stop("crash")
             await anyio.sleep(DOWN)

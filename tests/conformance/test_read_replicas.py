@@ -142,6 +142,48 @@ async def test_a_task_reads_its_writes_on_a_lagging_replica(notes: Notes) -> Non
     assert stats.replica_fallbacks == 0
 
 
+WAL_PAGE = 8192
+# Where the insert position stands once the record before it ended a page:
+# past the next page's (short) header.
+PAST_PAGE_HEADER = 24
+
+
+async def test_a_commit_that_ends_a_wal_page_is_read_on_the_replica(notes: Notes) -> None:
+    """The commit position after a commit whose log ended exactly at a WAL
+    page's end: a replica reaches it (it is not the insert position, past
+    the next page's header, which an idle standby never replays)."""
+    db = notes.db
+    position = af.sql("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint")
+
+    async def emit(size: int) -> int:
+        """A log record of its own (no transaction id, so no commit record
+        follows it) carrying ``size`` bytes, committed through ``db``; the
+        insert position after it."""
+        async with db.transaction() as tx:
+            await tx.execute(
+                af.sql("SELECT pg_logical_emit_message(false, 'af', repeat('x', {n}))", n=size)
+            )
+        return int(await db.fetch_value(position))
+
+    start = int(await db.fetch_value(position))
+    calibration = 400
+    overhead = await emit(calibration) - start - calibration  # (the record's, aligned)
+    for _ in range(10):
+        at = int(await db.fetch_value(position))
+        room = WAL_PAGE - at % WAL_PAGE
+        if room < calibration + overhead:
+            await emit(calibration)  # (into the next page first)
+            continue
+        served = db.stats.replica_reads
+        if await emit(room - overhead) % WAL_PAGE == PAST_PAGE_HEADER:
+            break
+    else:
+        pytest.fail("no record ended a WAL page (other writes on the primary?)")
+    # (Without the correction: replica_wait waited out, then the primary.)
+    assert await db.replica.fetch_value(af.sql("SELECT 1")) == 1
+    assert (db.stats.replica_reads, db.stats.replica_fallbacks) == (served + 1, 0)
+
+
 async def test_a_replica_unit_refuses_writes_before_their_sql(notes: Notes) -> None:
     with pytest.raises(af.ReadOnlyUnit):
         await notes.unit(read_then_write, reads="replica")

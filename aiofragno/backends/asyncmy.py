@@ -278,12 +278,14 @@ class AsyncmyConnection:
 
     @property
     def is_closed(self) -> bool:
-        # connected stays True after the peer closed the socket; the stream
-        # knows. Also when another connection to the same host was lost
-        # since this one was opened: the pool then replaces it rather than
-        # hand it out.
-        raw = self._raw
-        return not raw.connected or bool(raw._stream_broken) or self._origin.outdated
+        # connected stays True after the peer closed the socket; the stream knows.
+        return not self._raw.connected or bool(self._raw._stream_broken)
+
+    @property
+    def is_stale(self) -> bool:
+        # Another connection to the same host was lost since this one was
+        # opened: the pool replaces it rather than hand it out.
+        return self._origin.outdated
 
     @property
     def in_transaction(self) -> bool:

@@ -171,9 +171,13 @@ class AsyncpgConnection:
 
     @property
     def is_closed(self) -> bool:
-        # Also when another connection to the same host was lost since this
-        # one was opened: the pool then replaces it rather than hand it out.
-        return self._raw.is_closed() or self._origin.outdated
+        return self._raw.is_closed()
+
+    @property
+    def is_stale(self) -> bool:
+        # Another connection to the same host was lost since this one was
+        # opened: the pool replaces it rather than hand it out.
+        return self._origin.outdated
 
     async def _timed_out(self, error: TimeoutError) -> Exception:
         """What a statement that got no reply within command_timeout raises:

@@ -41,9 +41,9 @@ class Origin:
     """The server a connection was opened to: the host's state among the
     URL's (:class:`~aiofragno.hosts.Hosts`), and whether it still answers
     a new connection (``answers``, bounded by connect_timeout). A
-    connection notes here that it was lost (:meth:`lost`), and counts as
-    closed once another connection to the same host was
-    (:meth:`outdated`): the pool replaces it rather than hand it out."""
+    connection notes here that it was lost (:meth:`lost`), and is stale
+    once another connection to the same host was (:attr:`outdated`): the
+    pool replaces it rather than hand it out."""
 
     __slots__ = ("answers", "generation", "hosts", "server", "state")
 

@@ -5,7 +5,8 @@
   link's delay when asked) and refuses the application's writes;
 * choosing the server: the primary whatever the order, the replica when
   asked for one, ``ReadOnlyDatabase`` at once for a single replica asked
-  to write; a primary set read-only meanwhile is waited out, not failed
+  to write; a silent host costs connect_timeout once, then the host that
+  worked goes first; a primary set read-only meanwhile is waited out, not failed
   on; idle connections to a host that lost one are replaced;
   ``Database.servers()`` and ``doctor`` tell each server's role, writers
   and replica lag;
@@ -31,7 +32,8 @@ import pytest
 import aiofragno as af
 from aiofragno.cli import doctor
 from tests.conftest import Target
-from tests.mariadb_replication import MariaDBPair, SharedPairs
+from tests.faults import tcp_proxy
+from tests.mariadb_replication import USER, MariaDBPair, SharedPairs
 
 pytestmark = pytest.mark.anyio
 
@@ -154,6 +156,23 @@ async def test_the_server_is_chosen_by_its_role(mysql: Target, pair: MariaDBPair
             await doctor(db)
         assert "no server of the URL accepts writes" in report.getvalue()
     assert time.monotonic() - started < 5
+
+
+async def test_a_silent_host_costs_connect_timeout_once(mysql: Target, pair: MariaDBPair) -> None:
+    """A host that accepts the TCP connection and says nothing (a black
+    hole) holds a new connection for connect_timeout — its own, then the
+    next host is tried — and, the next host having worked, is tried after
+    it from then on."""
+    async with tcp_proxy("127.0.0.1", pair.replica.port) as silent:
+        silent.stall(True)
+        url = f"mysql://{USER}@127.0.0.1:{silent.port},127.0.0.1:{pair.primary.port}/test"
+        started = time.monotonic()
+        async with af.connect(url, backend=mysql.backend, connect_timeout=0.5) as db:
+            assert await port_of(db) == pair.primary.port
+            assert 0.5 <= time.monotonic() - started < 3
+            started = time.monotonic()
+            assert len(await _connection_ids(db, 3)) == 3  # (two connections more)
+            assert time.monotonic() - started < 0.5
 
 
 async def _connection_ids(db: af.Database, n: int) -> set[int]:

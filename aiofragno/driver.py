@@ -421,6 +421,9 @@ class SqlSnippets:
     # None: no replicas on this dialect.
     wal_position: str | None = None
     replica_state: str | None = None
+    # One row, column ``writable``: true while the server takes writes (not
+    # a standby, not read-only by configuration). None: it always does.
+    writable: str | None = None
     # Run first in a mutation phase at "repeatable read" or "serializable"
     # with the counter's outbox on (not under ticks): it waits for the
     # outbox counter's writers before the transaction takes its snapshot.

@@ -210,6 +210,9 @@ ADAPTER = DialectAdapter(
         session_process=f"SELECT pid AS process FROM pg_stat_activity WHERE {SESSION} = {{session}}",
         end_process="SELECT pg_terminate_backend({process})",
         local_commit="SET LOCAL synchronous_commit = local",
+        # (On in recovery and with default_transaction_read_only: outside a
+        # transaction, the session's default.)
+        writable="SELECT current_setting('transaction_read_only') = 'off' AS writable",
         # (The insert position, not the flush position: read right after a
         # commit it is at or past the commit's record even with
         # synchronous_commit off.)

@@ -473,8 +473,11 @@ class Database(Queries):
         return self._engine._stream(query, batch_size)
 
     async def open(self) -> None:
-        """Open the first connection, so a bad URL or a dead server fails now."""
+        """Open the first connection, so a bad URL or a dead server fails now
+        (and, with replicas, learn the primary's kind of replication)."""
         await self._engine.open()
+        if self._replicas is not None:
+            await self._replicas.open()
 
 
 async def _find_page(

@@ -16,6 +16,7 @@ from ..driver import (
     DialectAdapter,
     IsolationLevel,
     OutboxTicksSql,
+    ReplicationSql,
     SqlSnippets,
     StorageProfile,
 )
@@ -180,6 +181,36 @@ CATALOG = CatalogSql(
     default_casts=r"(?:::[a-z_ ]+(?:\([0-9, ]*\))?(?:\[\])?)+$",
 )
 
+
+class WalPosition(int):
+    """A WAL position, in bytes from 0/0 (a replica has replayed every
+    commit before it once its replay position is at least as far)."""
+
+    __slots__ = ()
+
+    def covers(self, other: WalPosition) -> bool:
+        return self >= other
+
+    def merged(self, other: WalPosition) -> WalPosition:
+        return self if self >= other else other
+
+
+REPLICATION = ReplicationSql(
+    # (The insert position, not the flush position: read right after a
+    # commit it is at or past the commit's record even with
+    # synchronous_commit off.)
+    position="SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint AS position",
+    # (Caught up with all it received: no lag. Else the age of the last
+    # transaction it replayed, which overstates the lag after the primary
+    # was idle; a sample, not a promise. Not in recovery: a NULL position.)
+    state="SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::bigint AS position, "
+    "CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 "
+    "ELSE COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - pg_last_xact_replay_timestamp()), 0) "
+    "END::float8 AS lag",
+    parse=WalPosition,
+)
+
+
 ADAPTER = DialectAdapter(
     capabilities=Capabilities(
         supports_returning=True,
@@ -210,17 +241,7 @@ ADAPTER = DialectAdapter(
         session_process=f"SELECT pid AS process FROM pg_stat_activity WHERE {SESSION} = {{session}}",
         end_process="SELECT pg_terminate_backend({process})",
         local_commit="SET LOCAL synchronous_commit = local",
-        # (The insert position, not the flush position: read right after a
-        # commit it is at or past the commit's record even with
-        # synchronous_commit off.)
-        wal_position="SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint AS position",
-        # (Caught up with all it received: no lag. Else the age of the last
-        # transaction it replayed, which overstates the lag after the primary
-        # was idle; a sample, not a promise.)
-        replica_state="SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::bigint AS position, "
-        "CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 "
-        "ELSE COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - pg_last_xact_replay_timestamp()), 0) "
-        "END::float8 AS lag",
+        replication=(REPLICATION,),
         # (The settings table holds the counter row; this mode lets readers and
         # row-share lockers through, and waits for — then holds off — writers.)
         outbox_snapshot_lock='LOCK TABLE "fragno_db_settings" IN SHARE ROW EXCLUSIVE MODE',

@@ -23,21 +23,26 @@ server binaries are missing: see :func:`replication_pair`.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import pwd
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import anyio.to_thread
-import pytest
 
 from aiofragno.hosts import FENCE
-from tests.conftest import required_dialects
-from tests.servers import POLL, START_TIMEOUT, PostgresServer, ServerFailed, ServerUnavailable
+from tests import servers
+from tests.servers import (
+    POLL,
+    START_TIMEOUT,
+    PostgresServer,
+    ServerFailed,
+    ServerUnavailable,
+    copy_template,
+    skip_unless_available,
+)
 
 # The standby's name, as the primary's synchronous_standby_names knows it.
 STANDBY_NAME = "standby1"
@@ -53,7 +58,7 @@ class PrimaryServer(PostgresServer):
         super().__init__()
 
     def _initialise(self) -> None:
-        copy_template(self)
+        copy_template(TemplateServer, self)
 
     def _after_first_start(self) -> None:
         """Nothing: the database ``test`` came with the template."""
@@ -82,24 +87,14 @@ class PrimaryServer(PostgresServer):
 
     def query_blocking(self, sql: str) -> str:
         """``sql``'s result as psql prints it unaligned (``-At``)."""
-        user = pwd.getpwnam(self._run_as) if self._run_as is not None else None
-        done = subprocess.run(
+        return self._capture(
             [
                 str(self.bin / "psql"),
                 *("-X", "-At", "-w", "-h", "127.0.0.1", "-p", str(self.port)),
                 *("-U", "postgres", "-d", "test", "-c", sql),
             ],
-            capture_output=True,
-            text=True,
-            timeout=START_TIMEOUT,
-            user=user.pw_uid if user else None,
-            group=user.pw_gid if user else None,
-            extra_groups=[] if user else None,
-            check=False,
+            what=sql,
         )
-        if done.returncode != 0:
-            raise ServerFailed(f"{sql!r} on {self!r}: {done.stderr.strip()}")
-        return done.stdout.strip()
 
 
 class StandbyServer(PrimaryServer):
@@ -117,7 +112,7 @@ class StandbyServer(PrimaryServer):
         # A copy of a cleanly stopped cluster is a base backup as good as
         # pg_basebackup's (the primary starts from the same copy), and a
         # fraction of its time.
-        copy_template(self)
+        copy_template(TemplateServer, self)
         (self.data / "standby.signal").touch()
         conninfo = (
             f"host=127.0.0.1 port={self.primary.port} user=postgres application_name={STANDBY_NAME}"
@@ -151,28 +146,9 @@ class StandbyServer(PrimaryServer):
         return await anyio.to_thread.run_sync(self.promote_blocking)
 
 
-_templates: list[PrimaryServer] = []
-
-
-def copy_template(server: PrimaryServer) -> None:
-    """``server``'s data directory: a copy (ownership kept) of the session's
-    template cluster — initdb'd, with the database ``test``, stopped cleanly —
-    made on first use and removed when the process exits."""
-    if not _templates:
-        template = TemplateServer()
-        try:
-            template.create_blocking()
-            template.stop_blocking("clean")
-        except BaseException:
-            template.close()
-            raise
-        _templates.append(template)
-        atexit.register(template.close)
-    subprocess.run(["cp", "-a", str(_templates[0].data), str(server.data)], check=True)
-
-
 class TemplateServer(PostgresServer):
-    """The cluster the pairs' servers are copied from (see :func:`copy_template`)."""
+    """The cluster the pairs' servers are copied from (see
+    :func:`~tests.servers.copy_template`): initdb'd, with the database ``test``."""
 
     kind = "postgresql+template"
     # 1 MB WAL segments, not 16: less to copy for each server.
@@ -251,12 +227,8 @@ def new_pair(*, synchronous: bool) -> ReplicationPair:
     # identifier: the timelines an earlier test's promotion left in the
     # process's fence would fence this pair's primary off.
     FENCE.forget()
-    try:
+    with skip_unless_available("postgresql"):
         return ReplicationPair.create_blocking(synchronous=synchronous)
-    except ServerUnavailable as exc:
-        if "postgresql" in required_dialects():
-            pytest.fail(f"{exc}; AIOFRAGNO_REQUIRE_BACKENDS requires postgresql")
-        pytest.skip(str(exc))
 
 
 def replication_pair(*, synchronous: bool) -> Iterator[ReplicationPair]:
@@ -268,27 +240,10 @@ def replication_pair(*, synchronous: bool) -> Iterator[ReplicationPair]:
         pair.close()
 
 
-class SharedPairs:
-    """Pairs made on first use and kept (for a module-scoped fixture: made
-    only once a test that runs asks, so that skipped tests cost nothing)."""
+class SharedPairs(servers.SharedPairs[ReplicationPair]):
+    """Pairs made on first use and kept, by ``synchronous`` (see
+    :class:`tests.servers.SharedPairs`); the fence forgets what tests of
+    other pairs saw (see :func:`new_pair`) at each hand-out."""
 
     def __init__(self) -> None:
-        self._pairs: dict[bool, ReplicationPair] = {}
-
-    def get(self, *, synchronous: bool) -> ReplicationPair:
-        if synchronous not in self._pairs:
-            self._pairs[synchronous] = new_pair(synchronous=synchronous)
-        FENCE.forget()  # (what tests of other pairs saw: see new_pair)
-        return self._pairs[synchronous]
-
-    def take(self, *, synchronous: bool) -> ReplicationPair:
-        """The pair (made now if need be) for the caller to keep — and close:
-        for a test that leaves it changed (a promotion), as the last to use it."""
-        pair = self.get(synchronous=synchronous)
-        del self._pairs[synchronous]
-        return pair
-
-    def close(self) -> None:
-        for pair in self._pairs.values():
-            pair.close()
-        self._pairs.clear()
+        super().__init__(new_pair, FENCE.forget)

@@ -155,7 +155,8 @@ class ReplicaSet:
     def _use(self, replication: ReplicationSql) -> None:
         primary = self.primary
         self._replication = replication
-        self._commit_position = primary.compile(primary.raw(replication.position))
+        self._position_query = primary.raw(replication.position)
+        self._commit_position = primary.compile(self._position_query)
         self._replica_state = primary.raw(replication.state)
 
     @property
@@ -203,7 +204,7 @@ class ReplicaSet:
         position, unknown = self._position.get()
         if unknown:
             primary = self.primary
-            value = await primary.fetch_value(primary.raw(self._commit_position.sql))
+            value = await primary.fetch_value(self._position_query)
             position = self.replication.parse(value)
             self._raise_to(position)
         return position

@@ -639,8 +639,8 @@ def connect(
     environment variables fill in what the URL and the keywords leave out
     (see :mod:`aiofragno.libpq`).
 
-    ``replicas`` (or ``replica_url``, for one): PostgreSQL standbys of
-    ``url`` for ``db.replica`` and ``execute_uow(..., reads="replica")``,
+    ``replicas`` (or ``replica_url``, for one): PostgreSQL standbys, or
+    MySQL/MariaDB GTID replicas, of ``url`` for ``db.replica`` and ``execute_uow(..., reads="replica")``,
     each a pool of its own with the same options, opened at first use.
     A replica read waits up to ``replica_wait`` seconds for the replica to
     replay the task's own commits, and passes over a replica whose replay

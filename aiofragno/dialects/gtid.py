@@ -57,8 +57,7 @@ class DomainPosition:
     def covers(self, other: DomainPosition) -> bool:
         last = self.last
         return all(
-            domain in last and last[domain][1] >= seqno
-            for domain, (_, seqno) in other.last.items()
+            domain in last and last[domain][1] >= seqno for domain, (_, seqno) in other.last.items()
         )
 
     def merged(self, other: DomainPosition) -> DomainPosition:

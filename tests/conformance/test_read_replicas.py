@@ -246,7 +246,9 @@ async def test_reads_fall_back_to_the_primary(
 ) -> None:
     primary, replica = replicated.primary_url, replicated.replica_url
     # Waiting for nothing: right after a write the replica has not replayed it.
-    async with af.connect(primary, backend=target.backend, replicas=[replica], replica_wait=0) as db:
+    async with af.connect(
+        primary, backend=target.backend, replicas=[replica], replica_wait=0
+    ) as db:
         # (A first read opens the replica's pool: later reads take no time
         # to connect, which the log's 30 ms could hide in.)
         assert await db.replica.fetch_value(af.sql("SELECT 1")) == 1

@@ -150,7 +150,10 @@ class ReplicaSet:
             if re.search(kind.server, version):
                 self._use(kind)
                 return
-        raise ValidationError(f"read replicas: no replication known for server {version!r}")
+        raise ValidationError(
+            f"read replicas: aiofragno knows no replication for server {version!r}; "
+            "connect without replicas="
+        )
 
     def _use(self, replication: ReplicationSql) -> None:
         primary = self.primary

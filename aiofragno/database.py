@@ -437,13 +437,15 @@ class Database(Queries):
         return False
 
     async def servers(self) -> list[HostStatus]:
-        """Each server the URL names (one, or a primary and its standbys),
-        asked afresh on a connection of its own: its role ("primary" or
-        "standby"), whether it refuses writes, its timeline, a standby's
-        replay lag in seconds, whether it is fenced off as a stale primary,
-        or why it could not be asked (:class:`~aiofragno.HostStatus`; its
-        ``describe()`` says it in a line). Each server is given
-        ``connect_timeout``. Empty on SQLite and MySQL."""
+        """Each server the URL names (one, or a primary and its standbys or
+        replicas), asked afresh on a connection of its own: its role
+        ("primary", "standby" on PostgreSQL, "replica" on MySQL/MariaDB),
+        whether it refuses writes, its timeline (MySQL/MariaDB: the number
+        of writers in its GTID history), a standby's replay lag or a
+        replica's Seconds_Behind_Master in seconds, whether it is fenced off
+        as a stale primary, or why it could not be asked
+        (:class:`~aiofragno.HostStatus`; its ``describe()`` says it in a
+        line). Each server is given ``connect_timeout``. Empty on SQLite."""
         return await self._engine.servers()
 
     async def close(self) -> None:

@@ -703,6 +703,15 @@ class Connection(Protocol):
         ...
 
     @property
+    def is_stale(self) -> bool:
+        """True when the connection may still work but should not be handed
+        out again: another connection to its server was lost since it was
+        opened (a failover, a restart), so the pool replaces it. Not
+        ``is_closed``: a COMMIT sent on it is in flight on a live connection,
+        and ambiguous if that breaks."""
+        ...
+
+    @property
     def server_session(self) -> str | None:
         """This connection's server session, named so that the dialect's
         ``session_process_sql`` finds it from another connection for as long

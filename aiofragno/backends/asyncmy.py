@@ -50,8 +50,9 @@ from ..errors import (
     QueryCanceled,
     ValidationError,
 )
+from ..host_choice import HostChoice, Origin, Probe, hosts_of
 from ..pool import PooledDialect
-from ..url import DatabaseURL, Options
+from ..url import DatabaseURL, HostPort, Options, describe_host
 
 ERRORS = ErrorTable(
     codes=mysql.CODES,
@@ -261,20 +262,30 @@ class AsyncmyConnection:
     CLIENT_MULTI_STATEMENTS and binds values client-side), so a batch costs one
     round trip, and a deferred ``begin`` rides along with the next one."""
 
-    __slots__ = ("_begin", "_kill", "_raw", "_restore", "server_session")
+    __slots__ = ("_begin", "_kill", "_origin", "_raw", "_restore", "server_session")
 
-    def __init__(self, raw: Any, kill: Killer, server_session: str, restore: Restore) -> None:
+    def __init__(
+        self, raw: Any, kill: Killer, server_session: str, restore: Restore, origin: Origin
+    ) -> None:
         self._raw = raw
         self._kill = kill
         self.server_session = server_session
         self._restore = restore
+        self._origin = origin
         # Statements to send ahead of the next batch.
         self._begin: DeferredBegin[tuple[str, ...]] = DeferredBegin()
+        raw._proto._closed_waiter.add_done_callback(self._ended)
 
     @property
     def is_closed(self) -> bool:
         # connected stays True after the peer closed the socket; the stream knows.
         return not self._raw.connected or bool(self._raw._stream_broken)
+
+    @property
+    def is_stale(self) -> bool:
+        # Another connection to the same host was lost since this one was
+        # opened: the pool replaces it rather than hand it out.
+        return self._origin.outdated
 
     @property
     def in_transaction(self) -> bool:
@@ -407,6 +418,14 @@ class AsyncmyConnection:
         _keep_status(raw)
         return bool(row == (1, self._restore.database))
 
+    def _ended(self, _closed: object) -> None:
+        # (asyncmy's protocol resolves this future when the socket closes:
+        # by us — then the connection has dropped its transport first — or
+        # by the server or the network, which makes the other connections
+        # to that host suspect.)
+        if self._raw._transport is not None:
+            self._origin.lost()
+
     async def close(self) -> None:
         if self._raw.connected:
             self._raw.close()
@@ -495,13 +514,15 @@ async def kill_query(
     session: str,
     *,
     tls: tls_.TLS | None = None,
+    server: HostPort | None = None,
 ) -> None:
-    """Stop the statement running on connection ``thread_id``, from a new
-    connection, if that connection still holds the session lock ``session``.
-    The server hands out connection ids afresh after a restart, so the id
-    alone could name someone else's connection by now; the lock names ours."""
+    """Stop the statement running on connection ``thread_id`` of ``server``
+    (default: the URL's first), from a new connection, if that connection
+    still holds the session lock ``session``. The server hands out
+    connection ids afresh after a restart, so the id alone could name
+    someone else's connection by now; the lock names ours."""
     async with asyncio.timeout(options.connect_timeout):
-        killer = await open_raw(url, options, tls)
+        killer = await open_raw(url, options, tls, server)
     try:
         async with killer.cursor() as cursor:
             await cursor.execute(mysql.SESSION_HOLDER_SQL, (session,))
@@ -516,42 +537,89 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
     # Checked (and certificate files read) here, once: a bad setting is a
     # ValidationError before anything is sent.
     tls = tls_.configure(url, options)
-    kill = functools.partial(kill_query, url, options, tls=tls)
+    hosts = hosts_of(url, options)
+    # (The fence's replication set: see mysql.server_role.)
+    replication_set = "mysql:" + ",".join(sorted(describe_host(*s) for s in hosts.servers))
+
+    async def open_server(server: HostPort) -> Any:
+        # asyncmy's connect_timeout covers the TCP connect only, not the handshake.
+        async with asyncio.timeout(options.connect_timeout):
+            return await open_raw(url, options, tls, server)
+
+    async def ask(raw: Any) -> tuple[Any, ...]:
+        async with asyncio.timeout(options.connect_timeout), raw.cursor() as cursor:
+            await cursor.execute(mysql.role_sql(raw.get_server_info()))
+            row: tuple[Any, ...] = await cursor.fetchone()
+        return row
+
+    async def lag(raw: Any) -> float | None:
+        try:
+            async with asyncio.timeout(options.connect_timeout), raw.cursor() as cursor:
+                await cursor.execute(mysql.REPLICA_STATUS_SQL)
+                rows = await cursor.fetchall()
+                columns = [column[0] for column in cursor.description or ()]
+        except asyncmy.errors.OperationalError:
+            return None  # (no privilege to see the replica's status)
+        return mysql.replica_lag(columns, rows)
+
+    probe = Probe(
+        open=open_server,
+        ask=ask,
+        role=lambda row: mysql.server_role(row, replication_set),
+        drop=lambda raw: raw.close(),
+        lag=lag,
+    )
+    choice = HostChoice(url, hosts, probe, follower="replica")
 
     async def connect() -> AsyncmyConnection:
-        # asyncmy's connect_timeout covers the TCP connect only, not the handshake.
+        if choice.needed:
+            raw, server, _ = await choice.choose()
+        else:
+            server = hosts.servers[0]
+            raw = await open_server(server)
         session = f"aiofragno-session-{os.urandom(12).hex()}"
-        async with asyncio.timeout(options.connect_timeout):
-            raw = await open_raw(url, options, tls)
-            try:
-                async with raw.cursor() as cursor:
-                    await cursor.execute(mysql.SESSION_LOCK_SQL, (session,))
-                    (taken,) = await cursor.fetchone()
-            except BaseException:
-                raw.close()
-                raise
+        try:
+            async with asyncio.timeout(options.connect_timeout), raw.cursor() as cursor:
+                await cursor.execute(mysql.SESSION_LOCK_SQL, (session,))
+                (taken,) = await cursor.fetchone()
+        except BaseException:
+            raw.close()
+            raise
         if taken != 1:
             raw.close()
             raise DatabaseError(f"could not take the session lock {session!r} (GET_LOCK: {taken})")
-        return AsyncmyConnection(raw, kill, session, Restore.of(url, session))
+        kill = functools.partial(kill_query, url, options, tls=tls, server=server)
+        restore = Restore.of(url, session)
+        return AsyncmyConnection(raw, kill, session, restore, choice.origin(server))
+
+    def translate_here(exc: BaseException) -> Exception:
+        return choice.read_only_elsewhere(translate(exc))
 
     return PooledDialect(
         name="mysql",
         adapter=mysql.ADAPTER,
         compiler=mysql.create_compiler,
-        translate=translate,
+        translate=translate_here,
         connect=connect,
         options=options,
         pool_size=options.pool_size,
         bound_to_loop=True,
+        servers=choice.servers,
     )
 
 
-async def open_raw(url: DatabaseURL, options: Options, tls: tls_.TLS | None = None) -> Any:
-    """An asyncmy connection with the backend's settings, no session lock
-    taken; over TLS as ``tls`` says (default: as ``options`` say)."""
+async def open_raw(
+    url: DatabaseURL,
+    options: Options,
+    tls: tls_.TLS | None = None,
+    server: HostPort | None = None,
+) -> Any:
+    """An asyncmy connection to ``server`` (default: the URL's first) with
+    the backend's settings, no session lock taken; over TLS as ``tls`` says
+    (default: as ``options`` say)."""
     tls = tls or tls_.configure(url, options)
-    arguments = _arguments(url, options)
+    server = server or url.servers[0]
+    arguments = _arguments(url, options, server)
     if tls.context is None:
         return await asyncmy.connect(**arguments)
     # (Made here rather than by asyncmy.connect, to see its greeting after a failure.)
@@ -563,7 +631,7 @@ async def open_raw(url: DatabaseURL, options: Options, tls: tls_.TLS | None = No
         # asyncmy asks for TLS even of a server whose greeting offered none.
         offers_tls = _offers_tls(raw)
         if not (tls.mode == "prefer" and offers_tls is False):
-            address = f"{arguments['host']}:{arguments['port']}"
+            address = describe_host(server[0], server[1] or 3306)
             error = tls_.failure(exc, address=address, tls=tls, offers_tls=offers_tls)
             if error is not None:
                 raise error from exc
@@ -571,11 +639,12 @@ async def open_raw(url: DatabaseURL, options: Options, tls: tls_.TLS | None = No
     return await asyncmy.connect(**arguments)  # prefer: the server has no TLS
 
 
-def _arguments(url: DatabaseURL, options: Options) -> dict[str, Any]:
+def _arguments(url: DatabaseURL, options: Options, server: HostPort) -> dict[str, Any]:
+    host, port = server
     where = (
-        {"unix_socket": url.unix_socket}
-        if url.unix_socket
-        else {"host": url.host or "localhost", "port": url.port or 3306}
+        {"unix_socket": host}
+        if host.startswith("/")
+        else {"host": host or "localhost", "port": port or 3306}
     )
     return {
         **where,

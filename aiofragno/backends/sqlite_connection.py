@@ -160,6 +160,9 @@ class SqliteConnection(ABC):
     # In-process: a connection that breaks leaves nothing running elsewhere.
     server_session = None
 
+    # (In-process: there is no server to lose.)
+    is_stale = False
+
     @property
     def is_closed(self) -> bool:
         if self._closed:

@@ -489,8 +489,11 @@ class Database(Queries):
         return self._engine._stream(query, batch_size)
 
     async def open(self) -> None:
-        """Open the first connection, so a bad URL or a dead server fails now."""
+        """Open the first connection, so a bad URL or a dead server fails now
+        (and, with replicas, learn the primary's kind of replication)."""
         await self._engine.open()
+        if self._replicas is not None:
+            await self._replicas.open()
 
 
 async def _find_page(
@@ -652,8 +655,8 @@ def connect(
     environment variables fill in what the URL and the keywords leave out
     (see :mod:`aiofragno.libpq`).
 
-    ``replicas`` (or ``replica_url``, for one): PostgreSQL standbys of
-    ``url`` for ``db.replica`` and ``execute_uow(..., reads="replica")``,
+    ``replicas`` (or ``replica_url``, for one): PostgreSQL standbys, or
+    MySQL/MariaDB GTID replicas, of ``url`` for ``db.replica`` and ``execute_uow(..., reads="replica")``,
     each a pool of its own with the same options, opened at first use.
     A replica read waits up to ``replica_wait`` seconds for the replica to
     replay the task's own commits, and passes over a replica whose replay

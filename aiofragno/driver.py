@@ -22,6 +22,7 @@ from typing import (
     Literal,
     NamedTuple,
     Protocol,
+    Self,
     TypeVar,
     runtime_checkable,
 )
@@ -356,6 +357,48 @@ class Capabilities:
     supports_limit_in_subquery: bool = False
 
 
+class ReplayPosition(Protocol):
+    """How far a server's log reaches (a primary's after a commit, or what
+    a replica has replayed): a WAL position, a set of GTIDs. ``str()`` is
+    the server's own spelling of it, as its wait statement takes it."""
+
+    def covers(self, other: Self) -> bool:
+        """Whether a replica that has replayed this has replayed ``other``."""
+        ...
+
+    def merged(self, other: Self) -> Self:
+        """What covers both this and ``other`` (and nothing more)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationSql:
+    """How one kind of server says how far its log reaches, for read
+    replicas (:mod:`aiofragno.replicas`).
+
+    ``position``: one statement the primary answers, in the column
+    ``position``, with how far its log reaches now — run right after a
+    commit on the connection that committed, it covers that commit.
+    ``state``: one statement a replica answers with how far it has
+    replayed (column ``state_position``) and its replay lag in seconds
+    (column ``state_lag``; NULL: unknown, as good as infinite); no row, or
+    a NULL position, when the server is not a replica (several rows — one
+    per source — are one position and the largest lag). ``parse`` makes a
+    position of either column's value. ``wait``: a statement a replica
+    runs until it has replayed ``{position}`` or ``{seconds}`` have passed,
+    answering in the column ``reached`` whether it has; None: the replica
+    is polled with ``state``. ``server``: a pattern searched for in the
+    primary's version string (empty: any)."""
+
+    position: str
+    state: str
+    parse: Callable[[Any], ReplayPosition]
+    state_position: str = "position"
+    state_lag: str = "lag"
+    wait: str | None = None
+    server: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class SqlSnippets:
     """Statements and expressions the core needs in each dialect's words."""
@@ -412,15 +455,11 @@ class SqlSnippets:
     # synchronous standby, which may be what has just gone. None: commits
     # wait for nothing outside the server.
     local_commit: str | None = None
-    # Read replicas (aiofragno.replicas). ``wal_position``: one statement
-    # returning, as the bigint ``position``, how far the primary's log
-    # reaches now — a replica that has replayed that far sees every commit
-    # made before it. ``replica_state``: one statement a replica answers
-    # with how far it has replayed (``position``; NULL when the server is
-    # not a replica) and how many seconds its replay lags (``lag``).
-    # None: no replicas on this dialect.
-    wal_position: str | None = None
-    replica_state: str | None = None
+    # Read replicas (aiofragno.replicas): how the primary and its replicas
+    # say how far their log reaches, one :class:`ReplicationSql` per kind
+    # of server the dialect covers (the first whose ``server`` matches the
+    # primary's version). Empty: no replicas on this dialect.
+    replication: tuple[ReplicationSql, ...] = ()
     # One row, column ``writable``: true while the server takes writes (not
     # a standby, not read-only by configuration). None: it always does.
     writable: str | None = None

@@ -132,6 +132,23 @@ class ReplicaServer(ReplicatedServer):
     async def promote(self) -> float:
         return await anyio.to_thread.run_sync(self.promote_blocking)
 
+    def wait_connected_blocking(self, timeout: float = START_TIMEOUT) -> None:
+        """Until this replica's I/O thread is connected to its primary (it
+        retries every second): before, a replica with nothing to apply yet
+        looks caught up, and its lag is unknown (NULL)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            running = self.query_blocking(
+                "SELECT variable_value FROM information_schema.global_status "
+                "WHERE variable_name = 'Slave_running'"
+            )
+            if running == "ON":
+                return
+            if time.monotonic() > deadline:
+                status = self.query_blocking("SHOW SLAVE STATUS\\G")
+                raise ServerFailed(f"{self!r} not connected after {timeout}s:\n{status}")
+            time.sleep(0.05)
+
     def wait_for_blocking(self, gtids: str, timeout: float = START_TIMEOUT) -> None:
         """Until this replica has applied the transactions ``gtids``
         (``MASTER_GTID_WAIT``); ServerFailed after ``timeout`` seconds."""
@@ -187,6 +204,7 @@ class MariaDBPair:
                     started.result()
             pair = cls(primary, replica, link, stack.pop_all())
         try:
+            pair.replica.wait_connected_blocking()
             pair.wait_caught_up()
         except BaseException:
             pair.close()

@@ -16,6 +16,7 @@ from ..driver import (
     DdlSpec,
     DialectAdapter,
     IsolationLevel,
+    ReplicationSql,
     SqlSnippets,
     StaleGuard,
     StorageProfile,
@@ -48,6 +49,7 @@ from .common import (
     utc_naive,
     uuid_bytes,
 )
+from .gtid import DomainPosition, GtidSet
 
 # What a server is (aiofragno.hosts.ServerRole), asked at connect when the
 # URL names several servers or target_session_attrs asks for a kind: whether
@@ -173,6 +175,33 @@ CATALOG = CatalogSql(
     null_default="NULL",
 )
 
+# Read replicas (aiofragno.replicas) through GTIDs. The position after a
+# commit is the server's whole executed GTID state (read on the connection
+# that committed, so it includes the commit); a replica waits for it on
+# its own (MASTER_GTID_WAIT / WAIT_FOR_EXECUTED_GTID_SET) instead of being
+# polled. The lag is the replica's Seconds_Behind_Master, in whole seconds:
+# 0 is "less than one", NULL (replication stopped, or not connected) unknown.
+MARIADB_REPLICATION = ReplicationSql(
+    position="SELECT @@GLOBAL.gtid_binlog_pos AS position",
+    # (One row per source; none on a server that is not a replica. ALL:
+    # the only form that shows Gtid_Slave_Pos.)
+    state="SHOW ALL SLAVES STATUS",
+    state_position="Gtid_Slave_Pos",
+    state_lag="Seconds_Behind_Master",
+    parse=DomainPosition.parse,
+    wait="SELECT MASTER_GTID_WAIT({position}, {seconds}) = 0 AS reached",
+    server="MariaDB",
+)
+MYSQL_REPLICATION = ReplicationSql(
+    position="SELECT @@GLOBAL.gtid_executed AS position",
+    # (MySQL 8.0.22+; Executed_Gtid_Set is the replica's @@gtid_executed.)
+    state="SHOW REPLICA STATUS",
+    state_position="Executed_Gtid_Set",
+    state_lag="Seconds_Behind_Source",
+    parse=GtidSet.parse,
+    wait="SELECT WAIT_FOR_EXECUTED_GTID_SET({position}, {seconds}) = 0 AS reached",
+)
+
 ADAPTER = DialectAdapter(
     capabilities=Capabilities(
         supports_returning=False,
@@ -207,6 +236,7 @@ ADAPTER = DialectAdapter(
         # read-only server. Accounts with SUPER / READ ONLY ADMIN may still
         # write to a read_only server: it is not writable for aiofragno.)
         writable="SELECT NOT (@@global.read_only OR @@innodb_read_only) AS writable",
+        replication=(MARIADB_REPLICATION, MYSQL_REPLICATION),
         outbox_read_horizon="SELECT {v} FROM {t} WHERE {k} = {key} LOCK IN SHARE MODE",
         # ON DUPLICATE KEY UPDATE fires on the first unique key the row
         # collides on, not only the one named: each assignment applies only

@@ -16,6 +16,7 @@ from ..driver import (
     DialectAdapter,
     IsolationLevel,
     OutboxTicksSql,
+    ReplicationSql,
     SqlSnippets,
     StorageProfile,
 )
@@ -48,13 +49,6 @@ from .common import SessionChanges, decimal_param, isolation_sql, json_param
 SESSION = "CAST(pid AS text) || '@' || CAST(EXTRACT(EPOCH FROM backend_start) AS text)"
 SESSION_SQL = f"SELECT {SESSION} FROM pg_stat_activity WHERE pid = pg_backend_pid()"
 
-# What a server is (aiofragno.hosts.ServerRole), with the session's name, in
-# one round trip at connect. The timeline: a primary's from the WAL file it
-# writes (pg_control_checkpoint's lags a promotion until the next
-# checkpoint), a standby's from its last restart point. The replay lag: 0
-# while a standby has replayed all it received (pg_last_xact_replay_timestamp
-# alone grows while the primary is idle), else the age of the last
-# transaction replayed.
 # The insert position. When the last record ended exactly at a page's end,
 # that position is past the next page's header (24 bytes; 40 at a segment's
 # start), which a standby reaches only with the next record — on an idle
@@ -77,6 +71,14 @@ TIMELINE_SQL = (
 # server never promoted (timeline 1) numbers as if there were no floor.
 VERSION_FLOOR_BITS = 48
 OUTBOX_VERSION_FLOOR = f"((CAST({TIMELINE_SQL} AS bigint) - 1) << {VERSION_FLOOR_BITS})"
+
+# What a server is (aiofragno.hosts.ServerRole), with the session's name, in
+# one round trip at connect. The timeline: a primary's from the WAL file it
+# writes (pg_control_checkpoint's lags a promotion until the next
+# checkpoint), a standby's from its last restart point. The replay lag: 0
+# while a standby has replayed all it received (pg_last_xact_replay_timestamp
+# alone grows while the primary is idle), else the age of the last
+# transaction replayed.
 ROLE_SQL = (
     f"SELECT ({SESSION_SQL}) AS session, pg_is_in_recovery() AS standby, "
     "current_setting('transaction_read_only') = 'on' AS read_only, "
@@ -203,6 +205,36 @@ CATALOG = CatalogSql(
     default_casts=r"(?:::[a-z_ ]+(?:\([0-9, ]*\))?(?:\[\])?)+$",
 )
 
+
+class WalPosition(int):
+    """A WAL position, in bytes from 0/0 (a replica has replayed every
+    commit before it once its replay position is at least as far)."""
+
+    __slots__ = ()
+
+    def covers(self, other: WalPosition) -> bool:
+        return self >= other
+
+    def merged(self, other: WalPosition) -> WalPosition:
+        return self if self >= other else other
+
+
+REPLICATION = ReplicationSql(
+    # (The insert position, not the flush position: read right after a
+    # commit it is at or past the commit's record even with
+    # synchronous_commit off; see WAL_POSITION_SQL.)
+    position=WAL_POSITION_SQL,
+    # (Caught up with all it received: no lag. Else the age of the last
+    # transaction it replayed, which overstates the lag after the primary
+    # was idle; a sample, not a promise. Not in recovery: a NULL position.)
+    state="SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::bigint AS position, "
+    "CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 "
+    "ELSE COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - pg_last_xact_replay_timestamp()), 0) "
+    "END::float8 AS lag",
+    parse=WalPosition,
+)
+
+
 ADAPTER = DialectAdapter(
     capabilities=Capabilities(
         supports_returning=True,
@@ -236,17 +268,7 @@ ADAPTER = DialectAdapter(
         # (On in recovery and with default_transaction_read_only: outside a
         # transaction, the session's default.)
         writable="SELECT current_setting('transaction_read_only') = 'off' AS writable",
-        # (The insert position, not the flush position: read right after a
-        # commit it is at or past the commit's record even with
-        # synchronous_commit off.)
-        wal_position=WAL_POSITION_SQL,
-        # (Caught up with all it received: no lag. Else the age of the last
-        # transaction it replayed, which overstates the lag after the primary
-        # was idle; a sample, not a promise.)
-        replica_state="SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::bigint AS position, "
-        "CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 "
-        "ELSE COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - pg_last_xact_replay_timestamp()), 0) "
-        "END::float8 AS lag",
+        replication=(REPLICATION,),
         # (The settings table holds the counter row; this mode lets readers and
         # row-share lockers through, and waits for — then holds off — writers.)
         outbox_snapshot_lock='LOCK TABLE "fragno_db_settings" IN SHARE ROW EXCLUSIVE MODE',

@@ -365,8 +365,8 @@ class UnitReads:
     """The reads of one attempt of a unit run with ``reads="replica"``: all
     on one server, chosen at the first read — a replica that has this
     task's commits, else the primary (always inside a
-    ``db.transaction()``). As on the primary, each ``retrieve()`` is one
-    statement, so one snapshot; and as the server stays the same, a later
+    ``db.transaction()``). As on the primary, each ``retrieve()`` reads
+    one snapshot (:mod:`aiofragno.uow.snapshot`); and as the server stays the same, a later
     ``retrieve()`` never sees an older state than an earlier one. A replica
     lost after the first read fails the attempt, which runs again (the
     executor's "lost before commit"). Once the unit (:attr:`unit`) has

@@ -571,22 +571,19 @@ def _progress(plan: MigrationPlan, done: int, of: int, note: str) -> str:
     return json.dumps({"plan": plan.id, "done": done, "of": of, "note": note})
 
 
-async def run_online(
-    session: Session, compile: Any, ddl: Ddl, plan: MigrationPlan, lock_timeout: float
-) -> None:
+async def run_online(session: Session, ddl: Ddl, plan: MigrationPlan, lock_timeout: float) -> None:
     """Run the steps of ``plan`` built online outside any transaction
     (PostgreSQL's ``CREATE INDEX CONCURRENTLY``), holding the online builds'
-    lock (:func:`~aiofragno.migration_lock.held_online`). A build that fails is cleaned up: the invalid index
-    it leaves is dropped, and the error says why it failed."""
+    lock, which the caller holds since before the migration's transaction
+    (:func:`~aiofragno.migration_lock.held_outside_transaction`). A build
+    that fails is cleaned up: the invalid index it leaves is dropped, and
+    the error says why it failed."""
     spec = ddl.spec
     steps = [s for s in plan.steps if s.online and spec.online_outside_transaction]
     if not steps:
         return
-    # (A session lock and setting: reset on release, should the unlock not
-    # run because the task was cancelled.)
-    session.dirty = True
     try:
-        await _build_online(session, compile, ddl, plan, steps, lock_timeout)
+        await _build_online(session, ddl, plan, steps, lock_timeout)
     except MigrationError:
         raise
     except LockTimeout as exc:
@@ -600,31 +597,29 @@ async def run_online(
 
 async def _build_online(
     session: Session,
-    compile: Any,
     ddl: Ddl,
     plan: MigrationPlan,
     steps: list[PlanStep],
     lock_timeout: float,
 ) -> None:
-    async with migration_lock.held_online(session, compile, ddl.spec, lock_timeout):
-        for step in steps:
-            try:
-                for action in step.actions:
-                    await execute_action(session, ddl, action)
-            except Error as exc:
-                # (An online build starts by dropping what an interrupted one
-                # left: the same cleans up after this one.)
-                cleanup = step.actions[0].runner
-                if cleanup is not None:
-                    with contextlib.suppress(Error):
-                        await cleanup()
-                if isinstance(exc, LockTimeout):
-                    raise migration_lock.timed_out(lock_timeout, exc, plan.namespace) from exc
-                raise MigrationError(
-                    f"migrating namespace {plan.namespace!r}: building {step.title} failed "
-                    f"(the invalid index it left was dropped; the steps before it are "
-                    f"applied): {exc}; fix the cause and migrate again"
-                ) from exc
+    for step in steps:
+        try:
+            for action in step.actions:
+                await execute_action(session, ddl, action)
+        except Error as exc:
+            # (An online build starts by dropping what an interrupted one
+            # left: the same cleans up after this one.)
+            cleanup = step.actions[0].runner
+            if cleanup is not None:
+                with contextlib.suppress(Error):
+                    await cleanup()
+            if isinstance(exc, LockTimeout):
+                raise migration_lock.timed_out(lock_timeout, exc, plan.namespace) from exc
+            raise MigrationError(
+                f"migrating namespace {plan.namespace!r}: building {step.title} failed "
+                f"(the invalid index it left was dropped; the steps before it are "
+                f"applied): {exc}; fix the cause and migrate again"
+            ) from exc
 
 
 def _drift(

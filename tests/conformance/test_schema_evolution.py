@@ -492,3 +492,56 @@ async def test_an_invalid_index_left_by_a_failed_build_is_built_again(
     )
     assert valid is True
     assert await db.migration_sql(v2, namespace=ns) == []
+
+
+async def test_a_migration_during_an_online_build_neither_deadlocks_nor_fails(
+    db: af.Database, url: str, target: Any, spaces: Namespaces
+) -> None:
+    """PostgreSQL: while one migrator builds an index online (``CREATE INDEX
+    CONCURRENTLY``, which waits for every transaction older than it), others
+    migrate the same table (a new column: ``ALTER TABLE``, which waits for
+    the build's lock) and another namespace. A migration transaction waiting
+    for the build, which waits for it, was a deadlock (40P01) that failed
+    one of them; now a migration waits for running builds before its
+    transaction begins, and all of them succeed."""
+    if db.name != "postgresql":
+        pytest.skip("only PostgreSQL builds outside the migration's transaction")
+    events = [af.Column("n", "bigint")]
+    v1 = af.Schema("big", af.Table("events", *events))
+    layout = spaces.use(db, v1)
+    ns = layout.namespace
+    other = spaces.use(db, v1).namespace
+    await db.migrate(v1, namespace=ns)
+    await db.execute(_fill_sql(db, layout.table("events").identifier, 300_000))
+    v2 = af.Schema("big", af.Table("events", *events, af.Index("by_n", ["n"])))
+    more = af.Column("m", "bigint", nullable=True)
+    v3 = af.Schema("big", af.Table("events", *events, more, af.Index("by_n", ["n"])))
+    spaces.use(db, v3, ns)
+    building = af.sql(
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE query LIKE {p} AND state = 'active'",
+        p="CREATE %INDEX CONCURRENTLY%",
+    )
+    async with (
+        af.connect(url, backend=target.backend) as builder,
+        af.connect(url, backend=target.backend) as alterer,
+    ):
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(builder.migrate, v2, namespace=ns))
+                await _until(lambda: db.fetch_value(building))
+                tg.start_soon(functools.partial(alterer.migrate, v3, namespace=ns))
+                tg.start_soon(functools.partial(db.migrate, v3, namespace=other))
+    for namespace in (ns, other):
+        live = (await db.inspect(namespace=namespace)).table("events")
+        assert live is not None and "m" in {c.name for c in live.columns}
+        assert layout.index_name("events", "by_n") in {i.name for i in live.indexes}
+    assert await db.migration_sql(v3, namespace=ns) == []
+
+
+async def _until(check: Any) -> None:
+    """Poll ``check()`` (awaitable) until it is true."""
+    for _ in range(20_000):
+        if await check():
+            return
+        await anyio.sleep(0.005)
+    raise AssertionError("never happened")

@@ -379,7 +379,8 @@ class SqlSnippets:
     rows_array: str | None = None
     # Statements beginning a read-only transaction whose reads all see one
     # snapshot, taken no later than its first read: a unit's reads that go
-    # as several statements run in one (aiofragno.uow.snapshot). Empty:
+    # as several statements run in one, ended by ROLLBACK
+    # (aiofragno.uow.snapshot). Empty:
     # every batch of reads is one statement here.
     read_snapshot: tuple[str, ...] = ()
     # The exact sum of an integer column ({x}) as two SQL sums, of its high

@@ -157,5 +157,9 @@ async def held_outside_transaction(
         yield
     finally:
         if not session.broken:
+            if session.in_transaction:
+                # (The migration failed in its transaction: the unlock cannot
+                # run in that aborted transaction.)
+                await session.rollback()
             for template in spec.online_unlock_sql:
                 await _run(session, compile, template, wait, ONLINE_LOCK_KEY)

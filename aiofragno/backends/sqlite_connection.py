@@ -137,9 +137,13 @@ def _reads_only(sql: str) -> bool:
 
 def _batch_reads_only(queries: Sequence[CompiledQuery]) -> bool:
     """Whether ``queries`` only read: reads alone, or reads in a snapshot
-    (the dialect's read-only BEGIN, then reads, then COMMIT), which takes
+    (the dialect's read-only BEGIN, then reads, then ROLLBACK), which takes
     no write lock."""
-    if len(queries) > 2 and queries[0].sql == sqlite.READ_SNAPSHOT and queries[-1].sql == "COMMIT":
+    if (
+        len(queries) > 2
+        and queries[0].sql == sqlite.READ_SNAPSHOT
+        and queries[-1].sql == "ROLLBACK"
+    ):
         queries = queries[1:-1]
     return all(_reads_only(query.sql) for query in queries)
 

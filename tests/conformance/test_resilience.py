@@ -223,6 +223,11 @@ class Load:
     bank: Bank
     db: af.Database
     calls: Counter[int] = field(default_factory=Counter)  # fn runs per unit
+    # Attempts per unit that got past the function (to the mutation phase).
+    mutating: Counter[int] = field(default_factory=Counter)
+    # Given a proxy: per unit, how many faults it had injected at each run of fn.
+    proxy: Proxy | None = None
+    drops_at_call: dict[int, list[int]] = field(default_factory=dict)
     outcomes: dict[int, Any] = field(default_factory=dict)  # RowId, or the exception
     finished: list[float] = field(default_factory=list)  # monotonic times of successes
     conflicts: int = 0
@@ -244,6 +249,8 @@ class Load:
 
         async def transfer(uow: af.UnitOfWork) -> af.RowId:
             self.calls[seq] += 1
+            if self.proxy is not None:
+                self.drops_at_call.setdefault(seq, []).append(self.proxy.drops)
             a = uow.find_first("accounts", where={"owner": src})
             b = uow.find_first("accounts", where={"owner": dst})
             await uow.retrieve()
@@ -268,7 +275,10 @@ class Load:
                 namespace=self.bank.namespace,
                 retry=RETRY,
                 idempotency_key=self.bank.key(seq) if self.keyed else None,
-                hooks=af.UowHooks(on_conflict=self._count_conflict),
+                hooks=af.UowHooks(
+                    before_mutation=lambda uow: self.mutating.update([seq]),
+                    on_conflict=self._count_conflict,
+                ),
             )
         except Exception as exc:
             self.outcomes[seq] = exc
@@ -290,6 +300,20 @@ class Load:
         async with anyio.create_task_group() as tg:
             for _ in range(concurrency):
                 tg.start_soon(worker)
+
+    def reruns_were_retries(self, seq: int) -> None:
+        """Unit ``seq`` (the only one its Database has run) ran its function
+        once per attempt, and each attempt after the first was a legitimate
+        retry before COMMIT — a conflict, or the connection lost before
+        COMMIT, both counted in ``db.stats`` — never a re-run of a unit
+        whose COMMIT may have been applied (the audit then shows it applied
+        once). Given a proxy, no run started after its fault: the lost
+        COMMIT's attempt was the last."""
+        stats = self.db.stats
+        assert self.calls[seq] == stats.attempts
+        assert self.calls[seq] == 1 + stats.conflicts + stats.lost_connection_retries, stats
+        if self.proxy is not None:
+            assert self.drops_at_call[seq] == [0] * self.calls[seq], self.drops_at_call
 
     def summary(self) -> str:
         kinds = Counter(
@@ -607,7 +631,10 @@ async def test_cut_during_retrieval_is_retried(server: Server, bank: Bank, outbo
         with anyio.fail_after(TEST_LIMIT):
             await load.run(0)
         assert proxy.drops == 1, "the fault was not injected"
-        assert load.calls[0] == 1
+        # The cut read ran again inside retrieve(): every run of the function
+        # got past its reads, and any other run was a retry before COMMIT.
+        assert load.mutating[0] == load.calls[0]
+        assert load.calls[0] == 1 + db.stats.conflicts + db.stats.lost_connection_retries
     await audit(load, strict=True)
 
 
@@ -715,14 +742,14 @@ async def test_commit_never_reached_server_without_outbox(server: Server, bank: 
     tell this from a lost reply, so it reports CommitOutcomeUnknown and
     re-runs nothing — and indeed nothing was written."""
     async with server.proxied(pool_size=2, outbox=False) as (proxy, db):
-        load = Load(bank, db, keyed=False)
+        load = Load(bank, db, keyed=False, proxy=proxy)
         proxy.drop_after(b"COMMIT", forward=False)
         with anyio.fail_after(TEST_LIMIT):
             outcome = await load.run(0)
         assert proxy.drops == 1, "the fault was not injected"
         assert isinstance(outcome, af.CommitOutcomeUnknown), outcome
         assert outcome.__cause__ is not None
-        assert load.calls[0] == 1
+        load.reruns_were_retries(0)
         assert await bank.seqs() == Counter()
         # The Database replaced the connection and goes on.
         assert isinstance(await load.run(1), af.RowId)
@@ -844,13 +871,13 @@ async def test_commit_reply_lost_without_outbox(server: Server, bank: Bank) -> N
     CommitOutcomeUnknown, the unit is not re-run, and its write is in the
     database exactly once."""
     async with server.proxied(pool_size=2, outbox=False) as (proxy, db):
-        load = Load(bank, db, keyed=False)
+        load = Load(bank, db, keyed=False, proxy=proxy)
         proxy.drop_after(b"COMMIT", forward=True)
         with anyio.fail_after(TEST_LIMIT):
             outcome = await load.run(0)
         assert proxy.drops == 1, "the fault was not injected"
         assert isinstance(outcome, af.CommitOutcomeUnknown), outcome
-        assert load.calls[0] == 1
+        load.reruns_were_retries(0)
         assert await bank.seqs() == Counter({0: 1})
         assert isinstance(await load.run(1), af.RowId)
     await audit(load, strict=False)

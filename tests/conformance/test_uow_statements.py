@@ -228,7 +228,7 @@ async def test_reads_of_one_retrieve_travel_as_one_statement(
     else:  # (one batch, the reads in a snapshot: aiofragno.uow.snapshot)
         [batch] = batches
         begin = list(dialect.read_snapshot)
-        assert batch[: len(begin)] == begin and batch[-1] == "COMMIT"
+        assert batch[: len(begin)] == begin and batch[-1] == "ROLLBACK"
         assert len(batch) == len(begin) + len(reads) + 1
     assert both == alone
     assert [row["owner"] for row in both[0]] == ["dave", "carol"]

@@ -64,6 +64,7 @@ from .migration_plan import (
     Runner,
     database_state,
     refuse_stale,
+    shown_value,
 )
 from .naming import Layout, PhysicalTable
 from .outbox import tables as outbox_tables
@@ -349,8 +350,11 @@ class Migrator:
         async def update() -> None:
             await self.session.execute(self.compile(fill))
 
+        # The value is in the comment, so in the plan's id: a plan reviewed
+        # with one value is refused for a declaration with another.
         self.act(
-            f"-- UPDATE {physical} SET {column.name} = <{what}, bound> WHERE {column.name} IS NULL",
+            f"-- UPDATE {physical} SET {column.name} = <{what} {shown_value(value)}, bound> "
+            f"WHERE {column.name} IS NULL",
             update,
         )
 

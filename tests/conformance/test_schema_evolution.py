@@ -7,6 +7,7 @@ MySQL migration says where it stopped and is resumed."""
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import time
@@ -545,3 +546,47 @@ async def _until(check: Any) -> None:
             return
         await anyio.sleep(0.005)
     raise AssertionError("never happened")
+
+
+async def test_a_reviewed_plan_names_the_values_it_binds(
+    db: af.Database, spaces: Namespaces
+) -> None:
+    """A backfill (and a default written into existing rows) is bound, not
+    written into the SQL: the plan shows the value and its id covers it, so
+    a plan reviewed with one value never runs with another."""
+
+    def declared(backfill: str, default: Any) -> af.Schema:
+        return af.Schema(
+            "fill",
+            af.Table(
+                "t",
+                af.Column("label", "string", backfill=backfill),
+                af.Column("at", "timestamp", default=default),
+            ),
+        )
+
+    v1 = af.Schema("fill", af.Table("t", af.Column("label", "string", nullable=True)))
+    layout = spaces.use(db, v1)
+    ns = layout.namespace
+    await db.migrate(v1, namespace=ns)
+    await db.execute(
+        af.sql(
+            "INSERT INTO {t} ({i}, {c}) VALUES ('r1', NULL)",
+            t=layout.table("t").identifier,
+            i=af.Identifier("id"),
+            c=af.Identifier("label"),
+        )
+    )
+    noon = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
+    reviewed = await db.migration_plan(declared("reviewed", noon), namespace=ns)
+    assert "'reviewed'" in reviewed.text()
+    for other in (declared("other", noon), declared("reviewed", noon + dt.timedelta(hours=1))):
+        made = await db.migration_plan(other, namespace=ns)
+        assert made.text() != reviewed.text() and made.id != reviewed.id
+        spaces.use(db, other, ns)
+        with pytest.raises(af.MigrationError, match="refusing to run migration plan"):
+            await db.migrate(other, namespace=ns, plan=reviewed)
+    spaces.use(db, declared("reviewed", noon), ns)
+    await db.migrate(declared("reviewed", noon), namespace=ns, plan=reviewed)
+    [row] = await db.fetch(af.sql("SELECT * FROM {t}", t=layout.table("t").identifier))
+    assert row["label"] == "reviewed"

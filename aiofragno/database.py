@@ -94,6 +94,7 @@ class Database(Queries):
         self._replicas = replicas
         self.replica = ReplicaReads(self._engine, replicas)
         self._run = replicas.primary_run  # type: ignore[method-assign]
+        self._stream = replicas.primary_stream  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"

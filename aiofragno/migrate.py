@@ -847,5 +847,11 @@ def _plan_records(
         await write_setting(session, compile, f"{ns}.schema_hash", fingerprint)
 
     migrator.step("record", None, "schema version")
-    migrator.act(f"-- {SETTINGS_TABLE}: {ns}.schema_version = {version}", record)
+    # (The declaration's hash in the comment, so in the plan's id: a plan is
+    # applied for the declaration it was made for, even where another would
+    # change nothing else — a default the client writes, say.)
+    migrator.act(
+        f"-- {SETTINGS_TABLE}: {ns}.schema_version = {version}, {ns}.schema_hash = {fingerprint}",
+        record,
+    )
     return version

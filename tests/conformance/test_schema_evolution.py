@@ -590,3 +590,29 @@ async def test_a_reviewed_plan_names_the_values_it_binds(
     await db.migrate(declared("reviewed", noon), namespace=ns, plan=reviewed)
     [row] = await db.fetch(af.sql("SELECT * FROM {t}", t=layout.table("t").identifier))
     assert row["label"] == "reviewed"
+
+
+async def test_a_reviewed_plan_runs_only_for_its_declaration(
+    db: af.Database, spaces: Namespaces
+) -> None:
+    """Two declarations whose migrations run the same statements — they
+    differ in a default that the client writes, not the database — still
+    make plans of different ids: a plan runs for the declaration it was
+    made for, whose hash it records."""
+
+    def declared(default: bytes) -> af.Schema:
+        return af.Schema("hashed", af.Table("t", af.Column("b", "binary", default=default)))
+
+    v1 = declared(b"one")
+    layout = spaces.use(db, v1)
+    ns = layout.namespace
+    await db.migrate(v1, namespace=ns)
+    reviewed = await db.migration_plan(declared(b"two"), namespace=ns)
+    other = await db.migration_plan(declared(b"three"), namespace=ns)
+    assert reviewed.statements == other.statements
+    assert reviewed.id != other.id
+    with pytest.raises(af.MigrationError, match="another declaration"):
+        await db.migrate(declared(b"three"), namespace=ns, plan=reviewed)
+    assert (await db.migrate(declared(b"two"), namespace=ns, plan=reviewed)).version == 2
+    [stored] = await setting(db, f"{ns}.schema_hash")
+    assert stored == declared(b"two").fingerprint

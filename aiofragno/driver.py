@@ -795,6 +795,7 @@ def stopped(
 
 
 COMMIT = CompiledQuery("COMMIT")
+ROLLBACK = CompiledQuery("ROLLBACK")
 
 B = TypeVar("B")
 

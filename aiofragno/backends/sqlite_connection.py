@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from .. import runtime
 from ..dialects import sqlite
 from ..driver import (
+    ROLLBACK,
     CompiledQuery,
     DeferredBegin,
     IsolationLevel,
@@ -139,11 +140,7 @@ def _batch_reads_only(queries: Sequence[CompiledQuery]) -> bool:
     """Whether ``queries`` only read: reads alone, or reads in a snapshot
     (the dialect's read-only BEGIN, then reads, then ROLLBACK), which takes
     no write lock."""
-    if (
-        len(queries) > 2
-        and queries[0].sql == sqlite.READ_SNAPSHOT
-        and queries[-1].sql == "ROLLBACK"
-    ):
+    if len(queries) > 2 and queries[0].sql == sqlite.READ_SNAPSHOT and queries[-1] == ROLLBACK:
         queries = queries[1:-1]
     return all(_reads_only(query.sql) for query in queries)
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-from ..driver import CompiledQuery, QueryResult
+from ..driver import ROLLBACK, CompiledQuery, QueryResult
 from ..session import Session
 
-END = CompiledQuery("ROLLBACK")
+END = ROLLBACK
 
 
 async def read_in_snapshot(

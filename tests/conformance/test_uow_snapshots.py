@@ -180,3 +180,25 @@ async def test_a_write_between_two_reads_of_a_retrieve_is_not_seen(
     assert raced == ([] if one_statement else [True])
     assert (row["to"]["owner"], row["from"]["owner"], row["from"]["balance"]) == ("b", "a", 4)
     assert shop.db.stats.conflicts == conflicts
+
+
+async def test_a_retrieve_reads_beside_an_open_write_transaction(shop: Env) -> None:
+    """The snapshot takes no write lock (SQLite: a deferred BEGIN, outside
+    the write gate): a joined retrieve runs, and sees the state before it,
+    while another transaction holds its writes uncommitted."""
+    a, b, _, _ = await seed(shop)
+    await shop.create("transfers", {"src": a, "dst": b, "amount": 3})
+    accounts = shop.ident("accounts")
+    async with shop.db.transaction() as tx:
+        await tx.execute(
+            af.sql(
+                "UPDATE {t} SET {c} = 99 WHERE {i} = {a}",
+                t=accounts,
+                c=af.Identifier("balance"),
+                i=af.Identifier("id"),
+                a=str(a),
+            )
+        )
+        with anyio.fail_after(5):
+            found = await shop.run(read_trees, retry=af.NoRetry())
+    assert {row["owner"]: row["balance"] for row in found[0]}["a"] == 0

@@ -418,18 +418,27 @@ class Database(Queries):
         ``pg_terminate_backend``, MySQL ``KILL``); on SQLite this returns at once."""
         await end_server_session_reconnecting(self._engine, server_session, give_up_after)
 
-    async def is_healthy(self) -> bool:
-        """True if a connection answers a round trip within ``connect_timeout``.
-        Never raises."""
+    async def is_healthy(self, *, writable: bool | None = None) -> bool:
+        """True if a connection answers a round trip within ``connect_timeout``
+        and, when writes are expected, the server takes them: a standby, or
+        a server read-only by configuration, is not healthy for a Database
+        that writes. ``writable`` None: writes are expected unless the URL
+        asks for a read-only server (``target_session_attrs`` "read-only",
+        "standby" or "prefer-standby"). Never raises; :meth:`servers` says
+        what each server is."""
         engine = self._engine
         if engine.closed:
             return False
+        check = engine.adapter.sql.writable if self._expects_writes(writable) else None
         with runtime.move_on_after(self.options.connect_timeout):
             try:
                 session = await engine.acquire(wait=False)
                 try:
-                    await session.connection.ping()
-                    return True
+                    if check is None:
+                        await session.connection.ping()
+                        return True
+                    result = await session.connection.execute_query(CompiledQuery(check))
+                    return bool(result.rows[0]["writable"])
                 except Exception:
                     session.broken = True
                 finally:
@@ -437,6 +446,11 @@ class Database(Queries):
             except Error:
                 pass
         return False
+
+    def _expects_writes(self, writable: bool | None) -> bool:
+        if writable is not None:
+            return writable
+        return self.options.target_session_attrs not in ("read-only", "standby", "prefer-standby")
 
     async def servers(self) -> list[HostStatus]:
         """Each server the URL names (one, or a primary and its standbys),

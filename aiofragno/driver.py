@@ -427,6 +427,9 @@ class SqlSnippets:
     # None: no replicas on this dialect.
     wal_position: str | None = None
     replica_state: str | None = None
+    # One row, column ``writable``: true while the server takes writes (not
+    # a standby, not read-only by configuration). None: it always does.
+    writable: str | None = None
     # Run first in a mutation phase at "repeatable read" or "serializable"
     # with the counter's outbox on (not under ticks): it waits for the
     # outbox counter's writers before the transaction takes its snapshot.
@@ -455,6 +458,13 @@ class SqlSnippets:
     # The outbox's "ticks" strategy (:mod:`aiofragno.outbox.ticks`); None:
     # the dialect has only the counter.
     outbox_ticks: OutboxTicksSql | None = None
+    # Where a standby can be promoted to primary: an SQL expression (a
+    # bigint) every outbox version the server numbers now must be above.
+    # It rises with each promotion past any version the old primary could
+    # have numbered, so that versions keep rising across a failover that
+    # lost some (asynchronous replication); 0 on a server never promoted.
+    # None: versions only continue from the counter.
+    outbox_version_floor: str | None = None
     # The upsert's words (``uow.upsert``), see :class:`UpsertSql`.
     upsert: UpsertSql = field(default_factory=lambda: UpsertSql())
     # Finds the unique index a UniqueViolation's message names: a pattern with

@@ -2,7 +2,7 @@
 mix, and what keeping each task's commit position costs the writes.
 
 A private PostgreSQL primary and a hot standby streaming from it
-(``tests/pg_replicas.py``: ``initdb``, ``pg_basebackup -R``, on this
+(``tests/pg_replication.py``: copies of one ``initdb`` cluster, on this
 machine). The read mix is the transfer unit's retrieval phase (two accounts
 of 1,000 by owner, one unit of work; ``benchmarks/_common.py``), run by
 ``--concurrency`` tasks for ``--units`` units per variant:
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import aiofragno as af
-from tests.pg_replicas import ReplicaPair, ReplicaPairs
+from tests.pg_replication import ReplicationPair
 from tests.server_watchdog import children
 
 from . import _common as common
@@ -100,7 +100,7 @@ async def run_writes(db: af.Database, units: int, seed: int) -> float:
     return units / (time.perf_counter() - started)
 
 
-async def bench(args: argparse.Namespace, pair: ReplicaPair) -> dict[str, Any]:
+async def bench(args: argparse.Namespace, pair: ReplicationPair) -> dict[str, Any]:
     primary_url, standby_url = pair.primary.url, pair.standby.url
     pids = pair.pids()
     async with (
@@ -195,12 +195,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=str, default=None)
     args = parser.parse_args()
-    pairs = ReplicaPairs(latency=0.0)
+    pair = ReplicationPair.create_blocking(synchronous=False)
     try:
-        pair = pairs.get()
         result = asyncio.run(bench(args, pair))
     finally:
-        pairs.close()
+        pair.close()
     summary = report(result)
     common.write_json(
         common.default_json_path("replica_reads") if args.json is None else Path(args.json),

@@ -9,6 +9,12 @@ stopped cluster, made with ``initdb`` once per test session: what
 ``pg_basebackup -R`` would give, in a tenth of the time. With ``synchronous=True`` the primary
 waits for the standby (``synchronous_standby_names``) at every COMMIT.
 
+With ``latency`` the standby streams through a :func:`~tests.faults.tcp_proxy`
+— the pair's *link* — that delays the log by that many seconds, as a
+replica in another zone lags. The link runs in a thread of its own (an
+anyio blocking portal), so that it outlives each test's event loop: one
+pair serves a whole test module, under both runtimes (:func:`replica_pair`).
+
 ::
 
     pair = ReplicationPair.create_blocking(synchronous=False)
@@ -18,7 +24,7 @@ waits for the standby (``synchronous_standby_names``) at every COMMIT.
     pair.close()
 
 Skips (or fails under AIOFRAGNO_REQUIRE_BACKENDS=postgresql) where the
-server binaries are missing: see :func:`replication_pair`.
+server binaries are missing: see :func:`new_pair`.
 """
 
 from __future__ import annotations
@@ -30,13 +36,16 @@ import pwd
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import anyio.to_thread
 import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from aiofragno.hosts import FENCE
-from tests.conftest import required_dialects
+from tests.conftest import Target, required_dialects
+from tests.faults import Proxy, tcp_proxy
 from tests.servers import POLL, START_TIMEOUT, PostgresServer, ServerFailed, ServerUnavailable
 
 # The standby's name, as the primary's synchronous_standby_names knows it.
@@ -103,14 +112,16 @@ class PrimaryServer(PostgresServer):
 
 
 class StandbyServer(PrimaryServer):
-    """A hot standby of ``primary``, streaming from it.
+    """A hot standby of ``primary``, streaming from it (through the port
+    ``source_port``, a proxy in front of it, if given).
     Its own settings are a primary's, so that once promoted it serves
     standbys of its own (the synchronous standby name: only if it had one)."""
 
     kind = "postgresql+standby"
 
-    def __init__(self, primary: PrimaryServer) -> None:
+    def __init__(self, primary: PrimaryServer, source_port: int | None = None) -> None:
         self.primary = primary
+        self.source_port = source_port or primary.port
         super().__init__(synchronous=False)
 
     def _initialise(self) -> None:
@@ -120,7 +131,7 @@ class StandbyServer(PrimaryServer):
         copy_template(self)
         (self.data / "standby.signal").touch()
         conninfo = (
-            f"host=127.0.0.1 port={self.primary.port} user=postgres application_name={STANDBY_NAME}"
+            f"host=127.0.0.1 port={self.source_port} user=postgres application_name={STANDBY_NAME}"
         )
         with (self.data / "postgresql.auto.conf").open("a") as conf:
             conf.write(f"primary_conninfo = '{conninfo}'\n")
@@ -183,21 +194,36 @@ class TemplateServer(PostgresServer):
 
 
 class ReplicationPair:
-    """A primary and its standby, both running, the standby streaming."""
+    """A primary and its standby, both running, the standby streaming (through
+    ``link`` if the pair was made with a latency: ``link.delay()`` lags it)."""
 
-    def __init__(self, primary: PrimaryServer, standby: StandbyServer) -> None:
+    def __init__(
+        self,
+        primary: PrimaryServer,
+        standby: StandbyServer,
+        link: tuple[Proxy, BlockingPortal] | None = None,
+        stack: ExitStack | None = None,
+    ) -> None:
         self.primary = primary
         self.standby = standby
+        self.link: Proxy | None = link[0] if link else None
+        self._portal: BlockingPortal | None = link[1] if link else None
+        self._stack = stack or ExitStack()
 
     @classmethod
-    def create_blocking(cls, *, synchronous: bool) -> ReplicationPair:
-        primary = PrimaryServer(synchronous=synchronous)
-        standby: StandbyServer | None = None
+    def create_blocking(cls, *, synchronous: bool, latency: float | None = None) -> ReplicationPair:
+        """A new pair; with ``latency`` (seconds), the standby's log comes
+        through a link that delays it that long."""
+        stack = ExitStack()
         try:
+            primary = PrimaryServer(synchronous=synchronous)
+            stack.callback(primary.close)
             primary.create_blocking()
-            standby = StandbyServer(primary)
+            link = None if latency is None else _link(stack, primary, latency)
+            standby = StandbyServer(primary, link[0].port if link else None)
+            stack.callback(standby.close)
             standby.create_blocking()
-            pair = cls(primary, standby)
+            pair = cls(primary, standby, link, stack)
             pair.wait_streaming("async")
             if synchronous:
                 # (Only now: until the standby streams, every COMMIT — CREATE
@@ -208,11 +234,26 @@ class ReplicationPair:
                 primary.query_blocking("SELECT pg_reload_conf()")
                 pair.wait_streaming()
         except BaseException:
-            for server in (standby, primary):
-                if server is not None:
-                    server.close()
+            stack.close()
             raise
         return pair
+
+    def stall_link(self, stalled: bool) -> None:
+        """Hold back (True) or pass on again (False) the log on its way to
+        the standby, whatever the primary commits meanwhile (a pair made
+        with a latency)."""
+        link, portal = self.link, self._portal
+        assert link is not None and portal is not None, "no link: make the pair with a latency"
+        portal.call(link.stall, stalled)  # (in the link's own thread)
+
+    def pids(self) -> dict[str, int]:
+        """Each server's main process (for metering its processes' CPU)."""
+        servers = {"primary": self.primary, "standby": self.standby}
+        return {
+            name: server._process.pid
+            for name, server in servers.items()
+            if server._process is not None
+        }
 
     def url(self, *servers: PostgresServer, **query: str) -> str:
         """A URL naming ``servers`` (default: primary, then standby) in order."""
@@ -239,12 +280,23 @@ class ReplicationPair:
             time.sleep(POLL)
 
     def close(self) -> None:
-        for server in (self.standby, self.primary):
-            with contextlib.suppress(Exception):
-                server.close()
+        """The standby, the link, then the primary."""
+        with contextlib.suppress(Exception):
+            self._stack.close()
 
 
-def new_pair(*, synchronous: bool) -> ReplicationPair:
+def _link(stack: ExitStack, primary: PrimaryServer, latency: float) -> tuple[Proxy, BlockingPortal]:
+    """A proxy to ``primary`` in a thread of its own (closed with ``stack``),
+    delaying what passes through it by ``latency`` seconds."""
+    portal = stack.enter_context(start_blocking_portal())
+    link = stack.enter_context(
+        portal.wrap_async_context_manager(tcp_proxy("127.0.0.1", primary.port))
+    )
+    link.delay(latency)  # (before the standby's connections open)
+    return link, portal
+
+
+def new_pair(*, synchronous: bool, latency: float | None = None) -> ReplicationPair:
     """A new pair (close it after); skips the test where PostgreSQL's server
     binaries are missing (fails under AIOFRAGNO_REQUIRE_BACKENDS=postgresql)."""
     # Every pair is a copy of one template cluster, so all share its system
@@ -252,7 +304,7 @@ def new_pair(*, synchronous: bool) -> ReplicationPair:
     # process's fence would fence this pair's primary off.
     FENCE.forget()
     try:
-        return ReplicationPair.create_blocking(synchronous=synchronous)
+        return ReplicationPair.create_blocking(synchronous=synchronous, latency=latency)
     except ServerUnavailable as exc:
         if "postgresql" in required_dialects():
             pytest.fail(f"{exc}; AIOFRAGNO_REQUIRE_BACKENDS requires postgresql")
@@ -270,14 +322,16 @@ def replication_pair(*, synchronous: bool) -> Iterator[ReplicationPair]:
 
 class SharedPairs:
     """Pairs made on first use and kept (for a module-scoped fixture: made
-    only once a test that runs asks, so that skipped tests cost nothing)."""
+    only once a test that runs asks, so that skipped tests cost nothing);
+    with ``latency``, each streams through a link (see :func:`new_pair`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, latency: float | None = None) -> None:
+        self.latency = latency
         self._pairs: dict[bool, ReplicationPair] = {}
 
     def get(self, *, synchronous: bool) -> ReplicationPair:
         if synchronous not in self._pairs:
-            self._pairs[synchronous] = new_pair(synchronous=synchronous)
+            self._pairs[synchronous] = new_pair(synchronous=synchronous, latency=self.latency)
         FENCE.forget()  # (what tests of other pairs saw: see new_pair)
         return self._pairs[synchronous]
 
@@ -292,3 +346,28 @@ class SharedPairs:
         for pair in self._pairs.values():
             pair.close()
         self._pairs.clear()
+
+
+# The read-replica tests' standby gets its log this late (seconds; a replica
+# in another zone).
+LATENCY = 0.03
+
+
+@pytest.fixture(scope="module")
+def replica_pairs() -> Iterator[SharedPairs]:
+    pairs = SharedPairs(LATENCY)
+    try:
+        yield pairs
+    finally:
+        pairs.close()
+
+
+@pytest.fixture
+def replica_pair(target: Target, replica_pairs: SharedPairs) -> ReplicationPair:
+    """The module's asynchronous pair whose standby lags by :data:`LATENCY`,
+    for a PostgreSQL target (others skip); skips — or fails, where
+    AIOFRAGNO_REQUIRE_BACKENDS names postgresql — when the server binaries
+    are missing."""
+    if target.dialect != "postgresql":
+        pytest.skip("read replicas are PostgreSQL streaming replication")
+    return replica_pairs.get(synchronous=False)

@@ -131,6 +131,10 @@ ADAPTER = DialectAdapter(
         session_process="SELECT process FROM (SELECT IS_USED_LOCK({session}) AS process) AS s "
         "WHERE process IS NOT NULL",
         end_process="KILL CONNECTION {process}",
+        # (A replica is read_only by convention; innodb_read_only is a
+        # read-only server. Accounts with SUPER / READ ONLY ADMIN may still
+        # write to a read_only server: it is not writable for aiofragno.)
+        writable="SELECT NOT (@@global.read_only OR @@innodb_read_only) AS writable",
         outbox_read_horizon="SELECT {v} FROM {t} WHERE {k} = {key} LOCK IN SHARE MODE",
         # ON DUPLICATE KEY UPDATE fires on the first unique key the row
         # collides on, not only the one named: each assignment applies only

@@ -55,6 +55,28 @@ SESSION_SQL = f"SELECT {SESSION} FROM pg_stat_activity WHERE pid = pg_backend_pi
 # while a standby has replayed all it received (pg_last_xact_replay_timestamp
 # alone grows while the primary is idle), else the age of the last
 # transaction replayed.
+# The insert position. When the last record ended exactly at a page's end,
+# that position is past the next page's header (24 bytes; 40 at a segment's
+# start), which a standby reaches only with the next record — on an idle
+# primary, never: so it is taken back to the page boundary (no record ends
+# inside a header).
+WAL_POSITION_SQL = (
+    "SELECT p - CASE WHEN p % pg_size_bytes(current_setting('wal_segment_size')) = 40 THEN 40 "
+    "WHEN p % current_setting('wal_block_size')::bigint = 24 THEN 24 ELSE 0 END AS position "
+    "FROM (SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint AS p) AS insert"
+)
+# The timeline the server writes its WAL on now: a promoted standby's new
+# one as soon as it accepts writes (pg_control_checkpoint's lags until the
+# next checkpoint). On a primary only (an error during recovery).
+TIMELINE_SQL = (
+    "CAST(CAST('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8) AS bit(32)) "
+    "AS int)"
+)
+# Outbox versions numbered on timeline T are above (T - 1) << 48: the first
+# on a new timeline is above all an older one could give (2**48 each), and a
+# server never promoted (timeline 1) numbers as if there were no floor.
+VERSION_FLOOR_BITS = 48
+OUTBOX_VERSION_FLOOR = f"((CAST({TIMELINE_SQL} AS bigint) - 1) << {VERSION_FLOOR_BITS})"
 ROLE_SQL = (
     f"SELECT ({SESSION_SQL}) AS session, pg_is_in_recovery() AS standby, "
     "current_setting('transaction_read_only') = 'on' AS read_only, "
@@ -98,9 +120,10 @@ OUTBOX_TICK = f"""WITH prev AS (
   SELECT count(*) AS total FROM batch
 ), reserved AS (
   INSERT INTO "fragno_db_settings" ("key", "value")
-  SELECT {{key}}, CAST(total AS text) FROM counted WHERE total > 0
-  ON CONFLICT ("key") DO UPDATE SET "value" = CAST(CAST("fragno_db_settings"."value" AS bigint)
-    + CAST(EXCLUDED."value" AS bigint) AS text)
+  SELECT {{key}}, CAST({OUTBOX_VERSION_FLOOR} + total AS text) FROM counted WHERE total > 0
+  ON CONFLICT ("key") DO UPDATE SET "value" = CAST(GREATEST(
+    CAST("fragno_db_settings"."value" AS bigint) + (SELECT total FROM counted),
+    CAST(EXCLUDED."value" AS bigint)) AS text)
   RETURNING CAST("value" AS bigint) AS last
 ), versioned AS (
   INSERT INTO {_VERSIONS_TABLE} ("versionstamp", "entry_id")
@@ -214,10 +237,13 @@ ADAPTER = DialectAdapter(
         session_process=f"SELECT pid AS process FROM pg_stat_activity WHERE {SESSION} = {{session}}",
         end_process="SELECT pg_terminate_backend({process})",
         local_commit="SET LOCAL synchronous_commit = local",
+        # (On in recovery and with default_transaction_read_only: outside a
+        # transaction, the session's default.)
+        writable="SELECT current_setting('transaction_read_only') = 'off' AS writable",
         # (The insert position, not the flush position: read right after a
         # commit it is at or past the commit's record even with
         # synchronous_commit off.)
-        wal_position="SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint AS position",
+        wal_position=WAL_POSITION_SQL,
         # (Caught up with all it received: no lag. Else the age of the last
         # transaction it replayed, which overstates the lag after the primary
         # was idle; a sample, not a promise.)
@@ -237,6 +263,7 @@ ADAPTER = DialectAdapter(
             lock=f"SELECT TRUE AS taken FROM pg_advisory_xact_lock({_TICK_LOCK})",
             tick=OUTBOX_TICK,
         ),
+        outbox_version_floor=OUTBOX_VERSION_FLOOR,
     ),
     commit=CommitPlanChoice(
         "one-committing-statement",

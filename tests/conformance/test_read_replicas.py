@@ -1,5 +1,5 @@
 """Read replicas (aiofragno.replicas) on a real primary and hot standby
-whose log arrives 30 ms late (tests/pg_replicas.py): a task reads its own
+whose log arrives 30 ms late (tests/pg_replication.py): a task reads its own
 writes on the replica, while a task that has not written sees the
 replica's lag; a unit run with reads="replica" refuses writes before their
 SQL; reads fall back to the primary when the replica cannot serve them
@@ -18,7 +18,7 @@ import pytest
 import aiofragno as af
 from tests.conftest import Target
 from tests.faults import tcp_proxy
-from tests.pg_replicas import ReplicaPair, replica_pair, replica_pairs
+from tests.pg_replication import ReplicationPair, replica_pair, replica_pairs
 
 __all__ = ["replica_pair", "replica_pairs"]  # (fixtures)
 
@@ -92,7 +92,7 @@ async def read_after(written: anyio.Event, notes: Notes, text: str, seen: list[i
 
 
 @pytest.fixture
-async def notes(replica_pair: ReplicaPair, target: Target) -> AsyncIterator[Notes]:
+async def notes(replica_pair: ReplicationPair, target: Target) -> AsyncIterator[Notes]:
     async with af.connect(
         replica_pair.primary.url, backend=target.backend, replicas=[replica_pair.standby.url]
     ) as db:
@@ -142,6 +142,48 @@ async def test_a_task_reads_its_writes_on_a_lagging_replica(notes: Notes) -> Non
     assert stats.replica_fallbacks == 0
 
 
+WAL_PAGE = 8192
+# Where the insert position stands once the record before it ended a page:
+# past the next page's (short) header.
+PAST_PAGE_HEADER = 24
+
+
+async def test_a_commit_that_ends_a_wal_page_is_read_on_the_replica(notes: Notes) -> None:
+    """The commit position after a commit whose log ended exactly at a WAL
+    page's end: a replica reaches it (it is not the insert position, past
+    the next page's header, which an idle standby never replays)."""
+    db = notes.db
+    position = af.sql("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint")
+
+    async def emit(size: int) -> int:
+        """A log record of its own (no transaction id, so no commit record
+        follows it) carrying ``size`` bytes, committed through ``db``; the
+        insert position after it."""
+        async with db.transaction() as tx:
+            await tx.execute(
+                af.sql("SELECT pg_logical_emit_message(false, 'af', repeat('x', {n}))", n=size)
+            )
+        return int(await db.fetch_value(position))
+
+    start = int(await db.fetch_value(position))
+    calibration = 400
+    overhead = await emit(calibration) - start - calibration  # (the record's, aligned)
+    for _ in range(10):
+        at = int(await db.fetch_value(position))
+        room = WAL_PAGE - at % WAL_PAGE
+        if room < calibration + overhead:
+            await emit(calibration)  # (into the next page first)
+            continue
+        served = db.stats.replica_reads
+        if await emit(room - overhead) % WAL_PAGE == PAST_PAGE_HEADER:
+            break
+    else:
+        pytest.fail("no record ended a WAL page (other writes on the primary?)")
+    # (Without the correction: replica_wait waited out, then the primary.)
+    assert await db.replica.fetch_value(af.sql("SELECT 1")) == 1
+    assert (db.stats.replica_reads, db.stats.replica_fallbacks) == (served + 1, 0)
+
+
 async def test_a_replica_unit_refuses_writes_before_their_sql(notes: Notes) -> None:
     with pytest.raises(af.ReadOnlyUnit):
         await notes.unit(read_then_write, reads="replica")
@@ -160,7 +202,7 @@ async def test_a_replica_unit_refuses_writes_before_their_sql(notes: Notes) -> N
 
 
 async def test_reads_fall_back_to_the_primary(
-    replica_pair: ReplicaPair, target: Target, notes: Notes
+    replica_pair: ReplicationPair, target: Target, notes: Notes
 ) -> None:
     primary, standby = replica_pair.primary, replica_pair.standby
     # Waiting for nothing: right after a write the replica has not replayed it.
@@ -213,7 +255,7 @@ async def test_reads_fall_back_to_the_primary(
 
 
 async def test_cancelled_anywhere_a_task_still_reads_its_writes(
-    replica_pair: ReplicaPair, target: Target, notes: Notes
+    replica_pair: ReplicationPair, target: Target, notes: Notes
 ) -> None:
     """A write or a replica read cancelled at any point (the commit, the
     position's read after it, the wait for the replica): no connection is

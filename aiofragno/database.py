@@ -27,7 +27,7 @@ from .hosts import HostStatus
 from .introspection import LiveSchema, inspect_database
 from .migrate import Ddl, MigrationResult, run_online
 from .migrate import migrate as run_migration
-from .migration_lock import DEFAULT_LOCK_TIMEOUT, check_lock_timeout
+from .migration_lock import DEFAULT_LOCK_TIMEOUT, check_lock_timeout, held_outside_transaction
 from .migration_plan import MigrationPlan
 from .naming import Layout, PhysicalNames, resolve_naming
 from .outbox import OutboxReader
@@ -94,6 +94,7 @@ class Database(Queries):
         self._replicas = replicas
         self.replica = ReplicaReads(self._engine, replicas)
         self._run = replicas.primary_run  # type: ignore[method-assign]
+        self._stream = replicas.primary_stream  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -324,27 +325,28 @@ class Database(Queries):
             for statement in spec.migration_setup_sql:
                 await session.execute(CompiledQuery(statement))
             try:
-                if transactional:
-                    await session.begin(None)
-                result = await run_migration(
-                    session,
-                    engine.compile,
-                    layout,
-                    self._ddl,
-                    engine.codec,
-                    lock_timeout=lock_timeout,
-                    transactional=transactional,
-                    execute=not dry_run,
-                    adopt=adopt,
-                    allow_drop=allow_drop,
-                    expected=plan,
-                )
-                if transactional:
-                    await session.commit()
-                if self._replicas is not None:
-                    self._replicas.committing()  # (replicas get the new tables by replay)
-                if not dry_run and result.plan is not None:
-                    await run_online(session, engine.compile, self._ddl, result.plan, lock_timeout)
+                async with held_outside_transaction(session, engine.compile, spec, lock_timeout):
+                    if transactional:
+                        await session.begin(None)
+                    result = await run_migration(
+                        session,
+                        engine.compile,
+                        layout,
+                        self._ddl,
+                        engine.codec,
+                        lock_timeout=lock_timeout,
+                        transactional=transactional,
+                        execute=not dry_run,
+                        adopt=adopt,
+                        allow_drop=allow_drop,
+                        expected=plan,
+                    )
+                    if transactional:
+                        await session.commit()
+                    if self._replicas is not None:
+                        self._replicas.committing()  # (replicas get the new tables by replay)
+                    if not dry_run and result.plan is not None:
+                        await run_online(session, self._ddl, result.plan, lock_timeout)
             finally:
                 if not session.broken:
                     for statement in spec.migration_teardown_sql:

@@ -420,6 +420,12 @@ class SqlSnippets:
     # {rest}: the read after "SELECT <columns> FROM "). None: reads go as a
     # batch.
     rows_array: str | None = None
+    # Statements beginning a read-only transaction whose reads all see one
+    # snapshot, taken no later than its first read: a unit's reads that go
+    # as several statements run in one, ended by ROLLBACK
+    # (aiofragno.uow.snapshot). Empty:
+    # every batch of reads is one statement here.
+    read_snapshot: tuple[str, ...] = ()
     # The exact sum of an integer column ({x}) as two SQL sums, of its high
     # and of its low 32 bits (the total is high * 2**32 + low), where SUM
     # would fail past 64 bits (SQLite). None: SUM({x}) is exact (a numeric).
@@ -847,6 +853,7 @@ def stopped(
 
 
 COMMIT = CompiledQuery("COMMIT")
+ROLLBACK = CompiledQuery("ROLLBACK")
 
 B = TypeVar("B")
 

@@ -9,7 +9,7 @@ beside the primary's). ``db.replica.fetch(...)`` (and ``fetch_one``,
 
 * **Read your writes, per task.** Every commit a task makes on the primary
   (a unit of work, a ``db.transaction()``, a statement that is not a
-  SELECT, a migration) raises that task's *commit position*: how far the
+  SELECT, run or streamed, a migration) raises that task's *commit position*: how far the
   primary's log reaches, read after the commit (PostgreSQL: the WAL
   position; MySQL and MariaDB: the GTID state — the dialect's
   :class:`~aiofragno.driver.ReplicationSql`). It is a context variable, so
@@ -215,9 +215,23 @@ class ReplicaSet:
     def primary_run(self, query: Fragment, read: Read[T]) -> Coroutine[Any, Any, T]:
         """``db``'s own statements, when it has replicas: one that is not a
         SELECT may commit a write, which the task's position must cover."""
-        if leading_keyword(self.primary.compile(query).sql) != "select":
-            self.committing()
+        self._may_commit(query)
         return self.primary._run(query, read)
+
+    def primary_stream(self, query: Fragment, batch_size: int) -> Stream:
+        """``db.stream``, when it has replicas: a stream of a statement that
+        is not a SELECT (``INSERT .. RETURNING``) commits a write when its
+        block ends, which the task's position must cover."""
+        stream = self.primary._stream(query, batch_size)
+        if not self._may_commit(query):
+            return stream
+        return CommittingStream(self, stream)
+
+    def _may_commit(self, query: Fragment) -> bool:
+        if leading_keyword(self.primary.compile(query).sql) == "select":
+            return False
+        self.committing()
+        return True
 
     # -- choosing a replica ---------------------------------------------------
 
@@ -433,6 +447,28 @@ class ReplicaStream(Stream):
             await inner._end(exc)
 
 
+class CommittingStream(Stream):
+    """A stream on the primary of a statement that may write: the task's
+    commit position is unknown from its start until a read asks the
+    primary after the block has ended — a replica read inside the block
+    would otherwise settle the position before the stream's commit."""
+
+    def __init__(self, replicas: ReplicaSet, inner: Stream) -> None:
+        super().__init__(inner._query, inner._batch_size)
+        self._replicas = replicas
+        self._inner = inner
+
+    async def __aenter__(self) -> Rows:
+        self._replicas.committing()
+        return await self._inner.__aenter__()
+
+    async def _end(self, exc: BaseException | None) -> None:
+        try:
+            await self._inner._end(exc)
+        finally:
+            self._replicas.committing()
+
+
 class HeldReads(Protocol):
     """The reads of one unit attempt on one engine (the executor's
     ``HeldConnection``: one connection, held until released; made with
@@ -455,8 +491,8 @@ class UnitReads:
     """The reads of one attempt of a unit run with ``reads="replica"``: all
     on one server, chosen at the first read — a replica that has this
     task's commits, else the primary (always inside a
-    ``db.transaction()``). As on the primary, each ``retrieve()`` is one
-    statement, so one snapshot; and as the server stays the same, a later
+    ``db.transaction()``). As on the primary, each ``retrieve()`` reads
+    one snapshot (:mod:`aiofragno.uow.snapshot`); and as the server stays the same, a later
     ``retrieve()`` never sees an older state than an earlier one. A replica
     lost after the first read fails the attempt, which runs again (the
     executor's "lost before commit"). Once the unit (:attr:`unit`) has

@@ -222,6 +222,13 @@ ADAPTER = DialectAdapter(
         version_hex="LPAD(LOWER(HEX(CAST({value} AS UNSIGNED))), 20, '0')",
         json_from_text="{x}",
         # (No rows_array: the driver sends a batch in one round trip.)
+        # (A consistent snapshot needs repeatable read, which the server's
+        # default may not be; the snapshot is taken at START TRANSACTION,
+        # and every consistent read of the transaction uses it.)
+        read_snapshot=(
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+            "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY",
+        ),
         # (MariaDB's JSON is text and JSON_EXTRACT gives the value's text
         # from the document, which aiofragno wrote compact: compared as
         # bytes, true, 1 and "1" all differ, and so do "a" and "A".)

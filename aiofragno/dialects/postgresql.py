@@ -257,6 +257,10 @@ ADAPTER = DialectAdapter(
         json_from_text="CAST({x} AS json)",
         # (An array constructor keeps its subquery's ORDER BY order.)
         rows_array="ARRAY(SELECT ROW({columns}) FROM {rest})",
+        # (Only where the reads are too many to combine into one statement.
+        # Repeatable read takes its snapshot at the first statement and
+        # keeps it; a standby allows it, unlike serializable.)
+        read_snapshot=("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",),
         # (strict: a key on an array is no match, not each element's key;
         # silent: a missing key is NULL, not an error. jsonb compares by
         # type and value.)

@@ -394,3 +394,19 @@ async def test_a_replica_whose_replication_stopped_is_passed_over(
             assert (db.stats.replica_reads, db.stats.replica_fallbacks) == (1, 1)
     finally:
         await replica.query("START SLAVE SQL_THREAD")
+
+
+async def test_a_write_streamed_on_the_primary_is_read_on_the_replica(notes: Notes) -> None:
+    """``db.stream`` of a statement that writes (``INSERT .. RETURNING``)
+    commits when its block ends: the task's next replica read waits for
+    that commit as for any other of its writes."""
+    db = notes.db
+    for round in range(ROUNDS):
+        text = f"streamed {round}"
+        inserting = notes.inserting(text)
+        returning = af.sql("{i} RETURNING text", i=inserting)
+        async with db.stream(returning) as rows:
+            assert [row["text"] async for row in rows] == [text]
+            # (A replica read inside the block, before the stream's commit.)
+            assert await notes.on_replica(text) == 0
+        assert await notes.on_replica(text) == 1

@@ -9,8 +9,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
 import aiofragno as af
 from aiofragno.schema import tables_in_dependency_order
+from aiofragno.session import Session
 
 SHOP = af.Schema(
     "shop",
@@ -178,3 +181,25 @@ class RecordingPolicy:
     def delay(self, attempt: int) -> float | None:
         self.asked.append(attempt)
         return 0.0 if attempt <= self.limit else None
+
+
+def write_after_first_read(monkeypatch: pytest.MonkeyPatch, env: Env, write: Unit) -> list[bool]:
+    """Make the next batch of reads that has a statement after its first
+    SELECT stop there while ``env`` runs the unit ``write`` (on another
+    connection), then go on. The list returned holds True once that happened
+    (never where each retrieve is one statement: PostgreSQL's combined reads)."""
+    original = Session.execute_batch
+    raced: list[bool] = []
+
+    async def execute_batch(self: Session, queries: Any, stop: Any = None) -> Any:
+        reads = [i for i, q in enumerate(queries) if q.sql.lstrip()[:6].upper() == "SELECT"]
+        if raced or not reads or reads[0] + 1 >= len(queries):
+            return await original(self, queries, stop)
+        raced.append(True)
+        cut = reads[0] + 1
+        head = await original(self, queries[:cut], stop)
+        await env.run(write)
+        return [*head, *await original(self, queries[cut:], stop)]
+
+    monkeypatch.setattr(Session, "execute_batch", execute_batch)
+    return raced

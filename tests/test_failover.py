@@ -221,7 +221,13 @@ async def test_a_primary_turned_read_only_is_waited_out(
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(unit)
-                await anyio.sleep(0.5)  # (the unit meets the read-only primary and waits)
+                # Until the unit has met the read-only primary and waits (a
+                # fixed pause was too short on a loaded machine).
+                with anyio.fail_after(8):
+                    while True:
+                        if db.stats.lost_connection_retries >= 1:
+                            break
+                        await anyio.sleep(0.02)
                 await _reconfigure(primary, "RESET default_transaction_read_only")
         finally:
             await _reconfigure(primary, "RESET default_transaction_read_only")

@@ -106,28 +106,62 @@ async def workload(
         url = URLS[backend] or f"sqlite:///{tmp}/unitinstr.db"
         async with af.connect(url, outbox=outbox, pool_size=max(concurrency, 1)) as db:
             namespace = f"unitinstr{os.getpid()}"
-            await db.migrate(shop, namespace=namespace)
+            try:
+                return await measured(db, backend, shop, namespace, url, name, operations,
+                                      concurrency)  # fmt: skip
+            finally:
+                await drop_namespace(db, shop, namespace)
 
-            async def open_accounts(uow: Any) -> None:
-                uow.create("accounts", {"owner": "a", "balance": 1_000_000})
-                uow.create("accounts", {"owner": "b", "balance": 1_000_000})
 
-            await db.execute_uow(open_accounts, schema=shop, namespace=namespace)
-            # The tables' quoted names, as SQL text.
-            layout = db.layout(shop, namespace)
-            tables = {
-                table: db.compile(af.sql("{t}", t=layout.table(table).identifier)).sql
-                for table in ("accounts", "transfers")
-            }
-            if name.startswith("raw-"):
-                raw = await RAW[backend].open(url, max(concurrency, 1))
-                try:
-                    operation = getattr(raw, name.removeprefix("raw-").replace("-", "_"))
-                    return await run(functools.partial(operation, tables), operations, concurrency)
-                finally:
-                    await raw.close()
-            operation = aiofragno_operation(db, shop, namespace, tables, name)
-            return await run(operation, operations, concurrency)
+async def measured(
+    db: Any, backend: str, shop: Any, namespace: str, url: str, name: str, operations: int,
+    concurrency: int,
+) -> float | None:  # fmt: skip
+    """:func:`workload`'s measurement, in ``namespace`` (migrated here)."""
+    import aiofragno as af
+
+    await db.migrate(shop, namespace=namespace)
+
+    async def open_accounts(uow: Any) -> None:
+        uow.create("accounts", {"owner": "a", "balance": 1_000_000})
+        uow.create("accounts", {"owner": "b", "balance": 1_000_000})
+
+    await db.execute_uow(open_accounts, schema=shop, namespace=namespace)
+    # The tables' quoted names, as SQL text.
+    layout = db.layout(shop, namespace)
+    tables = {
+        table: db.compile(af.sql("{t}", t=layout.table(table).identifier)).sql
+        for table in ("accounts", "transfers")
+    }
+    if name.startswith("raw-"):
+        raw = await RAW[backend].open(url, max(concurrency, 1))
+        try:
+            operation = getattr(raw, name.removeprefix("raw-").replace("-", "_"))
+            return await run(functools.partial(operation, tables), operations, concurrency)
+        finally:
+            await raw.close()
+    operation = aiofragno_operation(db, shop, namespace, tables, name)
+    return await run(operation, operations, concurrency)
+
+
+async def drop_namespace(db: Any, shop: Any, namespace: str) -> None:
+    """Drop what :func:`workload` created in ``namespace`` (its tables, its
+    schema on PostgreSQL, its migration's settings), also after a failure:
+    each run has a namespace of its own, which nothing else would drop."""
+    import aiofragno as af
+
+    layout = db.layout(shop, namespace)
+    drops = [af.sql("DROP TABLE IF EXISTS {t}", t=layout.table(name).identifier)
+             for name in ("transfers", "accounts")]  # fmt: skip
+    drops += [af.sql("DROP SCHEMA IF EXISTS {s} CASCADE", s=af.Identifier(schema))
+              for schema in layout.db_schemas]  # fmt: skip
+    drops.append(af.sql("DELETE FROM {t} WHERE {k} LIKE {p}", t=af.Identifier("fragno_db_settings"),
+                        k=af.Identifier("key"), p=f"{namespace}.%"))  # fmt: skip
+    for drop in drops:
+        try:
+            await db.execute(drop)
+        except af.Error as exc:  # (say so, and drop the rest)
+            print(f"could not clean up: {exc}", file=sys.stderr)
 
 
 async def run(operation: Operation, operations: int, concurrency: int) -> float | None:

@@ -21,7 +21,8 @@ driver alone (``raw-*``, the floor aiofragno's own cost adds to):
   updates, 1 insert);
 * ``read-unit``: a unit of work with one ``find_first`` and no writes;
 * ``fetch-one`` / ``raw-read``: one row by owner, through ``db.fetch_one``
-  / the driver's pool and a statement with one parameter;
+  / the driver's pool and a statement with one parameter (``raw-read-prepared``:
+  on asyncmy, with its statement cache, which runs that statement prepared);
 * ``transaction`` / ``raw-transaction``: ``db.transaction()`` running a
   SELECT, an UPDATE and an INSERT / the same statements between the
   driver's BEGIN and COMMIT.
@@ -70,6 +71,7 @@ WORKLOADS = (
     "read-unit",
     "fetch-one",
     "raw-read",
+    "raw-read-prepared",
     "transaction",
     "raw-transaction",
 )
@@ -134,9 +136,11 @@ async def measured(
         for table in ("accounts", "transfers")
     }
     if name.startswith("raw-"):
-        raw = await RAW[backend].open(url, max(concurrency, 1))
+        prepared = name.endswith("-prepared")
+        raw = await RAW[backend].open(url, max(concurrency, 1), prepared=prepared)
         try:
-            operation = getattr(raw, name.removeprefix("raw-").replace("-", "_"))
+            method = name.removeprefix("raw-").removesuffix("-prepared")
+            operation = getattr(raw, method.replace("-", "_"))
             return await run(functools.partial(operation, tables), operations, concurrency)
         finally:
             await raw.close()
@@ -235,10 +239,12 @@ def aiofragno_operation(
 
 
 class RawAsyncmy:
-    """The driver alone: asyncmy's pool, a cursor per statement."""
+    """The driver alone: asyncmy's pool, a cursor per statement (with
+    ``prepared``, asyncmy's statement cache: its cursors run statements with
+    parameters as prepared statements, in the binary protocol)."""
 
     @classmethod
-    async def open(cls, url: str, size: int) -> RawAsyncmy:
+    async def open(cls, url: str, size: int, prepared: bool = False) -> RawAsyncmy:
         import asyncmy
         from asyncmy.constants import CLIENT
 
@@ -250,7 +256,7 @@ class RawAsyncmy:
             host=parsed.host, port=parsed.port or 3306, user=parsed.username or "root",
             password=parsed.password or "", db=parsed.database,
             autocommit=True, charset="utf8mb4", client_flag=CLIENT.FOUND_ROWS,
-            minsize=size, maxsize=size,
+            minsize=size, maxsize=size, **({"stmt_cache_size": 256} if prepared else {}),
         )  # fmt: skip
         return self
 
@@ -291,7 +297,8 @@ class RawAsyncpg:
     """The driver alone: asyncpg's pool and its ``fetchrow`` / ``execute``."""
 
     @classmethod
-    async def open(cls, url: str, size: int) -> RawAsyncpg:
+    async def open(cls, url: str, size: int, prepared: bool = False) -> RawAsyncpg:
+        # (asyncpg always prepares: ``prepared`` changes nothing.)
         import asyncpg
 
         self = cls()

@@ -69,6 +69,8 @@ ERRORS = ErrorTable(
     ],
 )
 
+# Whether a statement may change its session (a memo look-up).
+_changes_session = mysql.ADAPTER.session_changes
 _KILL_TIMEOUT = 2.0
 _COM_RESET_CONNECTION = 0x1F  # (asyncmy has no call for it)
 _DATETIME_TYPES = frozenset({FIELD_TYPE.DATETIME, FIELD_TYPE.TIMESTAMP})
@@ -330,7 +332,12 @@ class AsyncmyConnection:
         # mode, where what would lose data is an error.)
         raw = self._raw
         sql, parameters = query
-        if parameters:
+        if _changes_session(sql):
+            # (Until the reset that follows, statements go as text, parsed
+            # in the session as it is now: a prepared one keeps the
+            # sql_mode and character set it was prepared under.)
+            self._prepared.paused = True
+        elif parameters and not self._prepared.paused:
             try:
                 values = binary_values(parameters)  # (checked before anything is sent)
             except GoesAsText:
@@ -358,6 +365,9 @@ class AsyncmyConnection:
         if len(queries) == 1 and self._begin.pending is None:
             return [await self.execute_query(queries[0])]
         lead = self._begin.take() or ()
+        for query in queries:  # (see execute_query)
+            if _changes_session(query.sql):
+                self._prepared.paused = True
         texts = [*lead, *(_bind(*query) for query in queries)]
         results: list[QueryResult] = []
         skip = len(lead)  # (the lead's own results are not asked for)
@@ -382,6 +392,8 @@ class AsyncmyConnection:
     async def stream(self, query: CompiledQuery, batch_size: int) -> AsyncmyStream:
         if self._begin.pending is not None:
             await self.execute_batch(())  # (the deferred BEGIN, alone)
+        if _changes_session(query.sql):  # (see execute_query)
+            self._prepared.paused = True
         cursor = self._raw.cursor(SSCursor)
         await cursor.execute(_bind(*query))
         return AsyncmyStream(self._raw, cursor, batch_size)

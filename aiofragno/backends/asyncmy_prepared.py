@@ -16,6 +16,10 @@ literal writer refuses (a float or decimal that is not finite, a type it
 does not know) is refused here with the same error; an integer beyond 64 bits,
 which has no binary form, sends its statement as text.
 
+A connection whose session a statement may have changed (see the dialect's
+``session_changes``) sends everything as text until its reset: a prepared
+statement keeps the sql_mode and character set it was prepared under.
+
 A text the server will not prepare (several statements, a placeholder where
 the grammar wants a literal, a command the protocol lacks) runs as text,
 and on that connection from then on. COM_RESET_CONNECTION drops a
@@ -55,14 +59,18 @@ _INT64: Final = range(-(2**63), 2**64)
 
 class Prepared:
     """One connection's prepared statements, by statement text (in the
-    compiler's ``%s`` style), and the texts that go as text there."""
+    compiler's ``%s`` style), and the texts that go as text there.
+    ``paused`` (set by the connection once a statement may have changed the
+    session, cleared by :meth:`forget` at its reset): every statement goes
+    as text meanwhile, parsed in the session as it is then."""
 
-    __slots__ = ("_raw", "_text_only", "statements")
+    __slots__ = ("_raw", "_text_only", "paused", "statements")
 
     def __init__(self, raw: Any) -> None:
         self._raw = raw
         self.statements: dict[str, Any] = {}
         self._text_only: set[str] = set()
+        self.paused = False
 
     async def prepare(self, sql: str, count: int) -> Any | None:
         """``sql`` prepared on the connection, or None where it must go as
@@ -91,8 +99,10 @@ class Prepared:
         return statement
 
     def forget(self) -> None:
-        """After COM_RESET_CONNECTION: the server has dropped every statement."""
+        """After COM_RESET_CONNECTION: the server has dropped every statement,
+        and the session is as it was after connect."""
         self.statements.clear()
+        self.paused = False
 
     def _note_text_only(self, sql: str) -> None:
         if len(self._text_only) >= MAX_TEXT_ONLY:

@@ -247,6 +247,23 @@ async def test_statements_with_values_run_alike_after_a_session_reset(solo: af.D
     assert await solo.fetch_value(af.sql(connection_id)) == first  # reset, not replaced
 
 
+async def test_mysql_a_mode_set_in_a_transaction_applies_to_statements_prepared_before(
+    solo: af.Database,
+) -> None:
+    """MySQL: a statement with values, prepared on the connection before a
+    transaction changed the sql_mode, is parsed under the new mode there
+    (as its text would be), and under aiofragno's again after the reset."""
+    if solo.name != "mysql":
+        pytest.skip("sql_mode and prepared statements are MySQL's")
+    query = af.sql("SELECT CONCAT({a} || {b}) AS v", a="1", b="0")
+    assert await solo.fetch_value(query) == "1"  # (|| is OR)
+    async with solo.transaction() as tx:
+        assert await tx.fetch_value(query) == "1"
+        await tx.execute(af.sql("SET SESSION sql_mode = CONCAT(@@sql_mode, ',PIPES_AS_CONCAT')"))
+        assert await tx.fetch_value(query) == "10"
+    assert await solo.fetch_value(query) == "1"
+
+
 async def test_plain_statements_and_units_do_not_reset_the_session(
     solo: af.Database, namespaces: Namespaces
 ) -> None:

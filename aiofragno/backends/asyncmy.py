@@ -52,7 +52,7 @@ from ..errors import (
 )
 from ..pool import PooledDialect
 from ..url import DatabaseURL, Options
-from .asyncmy_prepared import GoesAsText, Prepared, binary_values, float32
+from .asyncmy_prepared import GoesAsText, Prepared, binary_values, changes_parsing, float32
 
 ERRORS = ErrorTable(
     codes=mysql.CODES,
@@ -69,8 +69,6 @@ ERRORS = ErrorTable(
     ],
 )
 
-# Whether a statement may change its session (a memo look-up).
-_changes_session = mysql.ADAPTER.session_changes
 _KILL_TIMEOUT = 2.0
 _COM_RESET_CONNECTION = 0x1F  # (asyncmy has no call for it)
 _DATETIME_TYPES = frozenset({FIELD_TYPE.DATETIME, FIELD_TYPE.TIMESTAMP})
@@ -332,10 +330,9 @@ class AsyncmyConnection:
         # mode, where what would lose data is an error.)
         raw = self._raw
         sql, parameters = query
-        if _changes_session(sql):
+        if changes_parsing[sql]:
             # (Until the reset that follows, statements go as text, parsed
-            # in the session as it is now: a prepared one keeps the
-            # sql_mode and character set it was prepared under.)
+            # in the session as it is now: see asyncmy_prepared.)
             self._prepared.paused = True
         elif parameters and not self._prepared.paused:
             try:
@@ -366,7 +363,7 @@ class AsyncmyConnection:
             return [await self.execute_query(queries[0])]
         lead = self._begin.take() or ()
         for query in queries:  # (see execute_query)
-            if _changes_session(query.sql):
+            if changes_parsing[query.sql]:
                 self._prepared.paused = True
         texts = [*lead, *(_bind(*query) for query in queries)]
         results: list[QueryResult] = []
@@ -392,7 +389,7 @@ class AsyncmyConnection:
     async def stream(self, query: CompiledQuery, batch_size: int) -> AsyncmyStream:
         if self._begin.pending is not None:
             await self.execute_batch(())  # (the deferred BEGIN, alone)
-        if _changes_session(query.sql):  # (see execute_query)
+        if changes_parsing[query.sql]:  # (see execute_query)
             self._prepared.paused = True
         cursor = self._raw.cursor(SSCursor)
         await cursor.execute(_bind(*query))

@@ -16,9 +16,10 @@ literal writer refuses (a float or decimal that is not finite, a type it
 does not know) is refused here with the same error; an integer beyond 64 bits,
 which has no binary form, sends its statement as text.
 
-A connection whose session a statement may have changed (see the dialect's
-``session_changes``) sends everything as text until its reset: a prepared
-statement keeps the sql_mode and character set it was prepared under.
+A prepared statement keeps how it was parsed: under the sql_mode, character
+set and default database of the moment it was prepared. A connection on
+which a statement may have changed one of them (:data:`changes_parsing`)
+sends everything as text until its reset.
 
 A text the server will not prepare (several statements, a placeholder where
 the grammar wants a literal, a command the protocol lacks) runs as text,
@@ -40,6 +41,7 @@ import asyncmy.errors
 from asyncmy.connection import Connection as RawConnection
 from asyncmy.converters import escape_date, escape_datetime, escape_time, escape_timedelta
 
+from ..driver import TextMemo
 from ..errors import ValidationError
 
 # asyncmy's with Connection.prepare (0.2.18 has it); others run text only.
@@ -54,6 +56,15 @@ MAX_TEXT_ONLY: Final = 1024
 # command without prepared form, too many prepared statements on the server.
 _TEXT_ONLY_ERRORS: Final = frozenset({1064, 1295, 1461})
 _PLACEHOLDER: Final = re.compile(r"%[s%]")
+# What changes how later statements are parsed: USE, a SET of the sql_mode
+# or of a character set or collation (SET NAMES, SET CHARACTER SET, ...),
+# or what may hide one (an executable comment, a second statement).
+_PARSING: Final = re.compile(
+    r"\A\s*(?:use\b|set\b.*?\b(?:sql_mode|names|char(?:acter|set)|collation))|/\*m?!|;\s*\S",
+    re.DOTALL,
+)
+# Whether a statement (lower-cased or not) may change how later ones parse.
+changes_parsing: Final = TextMemo(lambda sql: _PARSING.search(sql.lower()) is not None)
 _INT64: Final = range(-(2**63), 2**64)
 
 

@@ -122,8 +122,11 @@ def _utc_rows(
 
 Killer = Callable[[int, str], Awaitable[None]]
 
-# Values are written into the statement text (MySQL's text protocol has no
-# parameters) by the functions below, never by the driver's escaping: each
+# A statement that goes as text (a batch, a stream, one the server will not
+# prepare: see asyncmy_prepared for the others, whose values travel as
+# binary parameters meaning what these literals mean) has its values written
+# into the text (MySQL's text protocol has no parameters) by the functions
+# below, never by the driver's escaping: each
 # literal reads as the same value whatever the session's sql_mode
 # (NO_BACKSLASH_ESCAPES or not), and none can end early under any character
 # set — so a session changed by raw SQL, or a statement earlier in the same

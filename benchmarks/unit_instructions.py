@@ -47,6 +47,7 @@ import functools
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -403,6 +404,14 @@ def cpu_main(args: argparse.Namespace, trees: list[Path], workloads: list[str]) 
         args.json.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
 
 
+async def terminable(coroutine: Awaitable[float | None]) -> float | None:
+    """``coroutine``, cancelled by SIGTERM (a killed benchmark), so that its
+    clean-up still runs."""
+    task = asyncio.ensure_future(coroutine)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await task
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="postgresql", choices=list(URLS))
@@ -416,7 +425,8 @@ def main() -> None:
     args = parser.parse_args()
     workloads = args.workload or ["transfer"]
     if args.run is not None:
-        used = asyncio.run(workload(args.backend, workloads[0], args.run, args.outbox, args.cpu))
+        measured = workload(args.backend, workloads[0], args.run, args.outbox, args.cpu)
+        used = asyncio.run(terminable(measured))
         if used is not None:
             print(used)
         return

@@ -53,6 +53,7 @@ from ..errors import (
 from ..host_choice import HostChoice, Origin, Probe, hosts_of
 from ..pool import PooledDialect
 from ..url import DatabaseURL, HostPort, Options, describe_host
+from .asyncmy_prepared import GoesAsText, Prepared, binary_values, changes_parsing, float32
 
 ERRORS = ErrorTable(
     codes=mysql.CODES,
@@ -95,14 +96,15 @@ def translate(exc: BaseException) -> Exception:
 @functools.lru_cache(maxsize=1024)
 def _columns(
     description: tuple[tuple[Any, ...], ...],
-) -> tuple[Mapping[str, int], tuple[int, ...]]:
+) -> tuple[Mapping[str, int], tuple[int, ...], tuple[int, ...]]:
     """The rows' name-to-position index, and the positions of their DATETIME
-    columns: the same for every result of the same columns (a result's
-    description is new, and equal to the last one's: a look-up here costs
-    less than working them out again)."""
+    and of their FLOAT columns: the same for every result of the same
+    columns (a result's description is new, and equal to the last one's: a
+    look-up here costs less than working them out again)."""
     index = column_index(tuple([column[0] for column in description]))
     utc = tuple([i for i, column in enumerate(description) if column[1] in _DATETIME_TYPES])
-    return index, utc
+    floats = tuple([i for i, column in enumerate(description) if column[1] == FIELD_TYPE.FLOAT])
+    return index, utc, floats
 
 
 def _utc_rows(
@@ -121,8 +123,11 @@ def _utc_rows(
 
 Killer = Callable[[int, str], Awaitable[None]]
 
-# Values are written into the statement text (MySQL's text protocol has no
-# parameters) by the functions below, never by the driver's escaping: each
+# A statement that goes as text (a batch, a stream, one the server will not
+# prepare: see asyncmy_prepared for the others, whose values travel as
+# binary parameters meaning what these literals mean) has its values written
+# into the text (MySQL's text protocol has no parameters) by the functions
+# below, never by the driver's escaping: each
 # literal reads as the same value whatever the session's sql_mode
 # (NO_BACKSLASH_ESCAPES or not), and none can end early under any character
 # set — so a session changed by raw SQL, or a statement earlier in the same
@@ -234,6 +239,26 @@ def _pieces(texts: list[str]) -> list[list[str]]:
     return pieces
 
 
+def _query_result(raw: Any, result: Any, *, binary: bool) -> QueryResult:
+    """asyncmy's ``result`` of one statement (of the binary protocol or
+    not) as a QueryResult; ``raw``'s status made that of the result."""
+    raw.server_status = result.server_status  # (see _keep_status)
+    description = result.description
+    if description is None:
+        return QueryResult([], result.affected_rows, result.insert_id or None)
+    tuples = result.rows
+    index, utc, floats = _columns(description)
+    if utc:
+        tuples = _utc_rows(utc, tuples)
+    if floats and binary:
+        tuples = _float32_rows(floats, tuples)
+    # (_rows written out, with a loop: a comprehension is a call of its own.)
+    rows = []
+    for values in tuples:
+        rows.append(Row(index, values))
+    return QueryResult(rows, len(rows))
+
+
 async def _read_result(cursor: Any) -> QueryResult:
     description = cursor.description
     if description is None:
@@ -242,8 +267,21 @@ async def _read_result(cursor: Any) -> QueryResult:
     return QueryResult(rows, len(rows))
 
 
+def _float32_rows(
+    positions: tuple[int, ...], tuples: Sequence[tuple[Any, ...]]
+) -> list[tuple[Any, ...]]:
+    fixed = []
+    for values in tuples:
+        row = list(values)
+        for i in positions:
+            if row[i] is not None:
+                row[i] = float32(row[i])
+        fixed.append(tuple(row))
+    return fixed
+
+
 def _rows(description: tuple[tuple[Any, ...], ...], tuples: Sequence[tuple[Any, ...]]) -> list[Row]:
-    index, utc = _columns(description)
+    index, utc, _ = _columns(description)
     if utc:
         tuples = _utc_rows(utc, tuples)
     return [Row(index, values) for values in tuples]
@@ -262,12 +300,13 @@ class AsyncmyConnection:
     CLIENT_MULTI_STATEMENTS and binds values client-side), so a batch costs one
     round trip, and a deferred ``begin`` rides along with the next one."""
 
-    __slots__ = ("_begin", "_kill", "_origin", "_raw", "_restore", "server_session")
+    __slots__ = ("_begin", "_kill", "_origin", "_prepared", "_raw", "_restore", "server_session")
 
     def __init__(
         self, raw: Any, kill: Killer, server_session: str, restore: Restore, origin: Origin
     ) -> None:
         self._raw = raw
+        self._prepared = Prepared(raw)
         self._kill = kill
         self.server_session = server_session
         self._restore = restore
@@ -297,29 +336,33 @@ class AsyncmyConnection:
         if self._begin.pending is not None:
             return (await self.execute_batch((query,)))[0]
         # One statement, the usual case, goes without the batch's bookkeeping
-        # and without a cursor: the connection's own query call, whose
-        # result the cursor would only copy. (Nor does it fetch the
+        # and without a cursor: with parameters, as a prepared statement
+        # (see asyncmy_prepared), else the connection's own query call,
+        # whose result the cursor would only copy. (Nor does it fetch the
         # statement's warnings with a SHOW WARNINGS round trip, to log them,
         # as the cursor does: aiofragno raises errors, and runs in strict
         # mode, where what would lose data is an error.)
         raw = self._raw
-        await raw.query(_bind(*query))
-        result = raw._result
-        raw.server_status = result.server_status  # (see _keep_status)
-        description = result.description
-        if description is None:
-            read = QueryResult([], result.affected_rows, result.insert_id or None)
-        else:
-            tuples = result.rows
-            index, utc = _columns(description)
-            if utc:
-                tuples = _utc_rows(utc, tuples)
-            # (_rows written out, with a loop: a comprehension is a call of its own.)
-            rows = []
-            for values in tuples:
-                rows.append(Row(index, values))
-            read = QueryResult(rows, len(rows))
-        if result.has_next:
+        sql, parameters = query
+        if changes_parsing[sql]:
+            # (Until the reset that follows, statements go as text, parsed
+            # in the session as it is now: see asyncmy_prepared.)
+            self._prepared.paused = True
+        elif parameters and not self._prepared.paused:
+            try:
+                values = binary_values(parameters)  # (checked before anything is sent)
+            except GoesAsText:
+                values = None
+            if values is not None:
+                statement = self._prepared.statements.get(sql)
+                if statement is None:
+                    statement = await self._prepared.prepare(sql, len(parameters))
+                if statement is not None:
+                    result = await statement.execute(values)
+                    return _query_result(raw, result, binary=True)
+        await raw.query(_bind(sql, parameters))
+        read = _query_result(raw, raw._result, binary=False)
+        if raw._result.has_next:
             # (Text holding more statements: the cursor reads their
             # results too, errors included, so that the next command can go.)
             while raw._result.has_next:
@@ -333,6 +376,9 @@ class AsyncmyConnection:
         if len(queries) == 1 and self._begin.pending is None:
             return [await self.execute_query(queries[0])]
         lead = self._begin.take() or ()
+        for query in queries:  # (see execute_query)
+            if changes_parsing[query.sql]:
+                self._prepared.paused = True
         texts = [*lead, *(_bind(*query) for query in queries)]
         results: list[QueryResult] = []
         skip = len(lead)  # (the lead's own results are not asked for)
@@ -357,6 +403,8 @@ class AsyncmyConnection:
     async def stream(self, query: CompiledQuery, batch_size: int) -> AsyncmyStream:
         if self._begin.pending is not None:
             await self.execute_batch(())  # (the deferred BEGIN, alone)
+        if changes_parsing[query.sql]:  # (see execute_query)
+            self._prepared.paused = True
         cursor = self._raw.cursor(SSCursor)
         await cursor.execute(_bind(*query))
         return AsyncmyStream(self._raw, cursor, batch_size)
@@ -409,6 +457,7 @@ class AsyncmyConnection:
         # current database. Then the connection's own session comes back.
         raw = self._raw
         await raw._execute_command(_COM_RESET_CONNECTION, b"")
+        self._prepared.forget()  # (the server dropped them, whatever comes next)
         await raw._read_ok_packet()
         async with raw.cursor() as cursor:
             await cursor.execute(self._restore.sql)

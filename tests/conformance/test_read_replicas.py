@@ -136,7 +136,9 @@ def mariadb_pair(pair: MariaDBPair, backend: str) -> Replicated:
     async def holding_replay(table: str) -> AsyncIterator[None]:
         # (A shared lock on the whole table, gaps included: the replica's
         # applier waits to insert — the lock wait, not a stopped replication,
-        # whose lag is unknown rather than growing.)
+        # whose lag is unknown rather than growing. The table must have
+        # reached the replica first.)
+        await pair.caught_up()
         async with (
             af.connect(pair.url(pair.replica), backend=backend) as on_replica,
             on_replica.transaction() as tx,
@@ -368,7 +370,9 @@ async def test_a_replica_whose_replication_stopped_is_passed_over(
     if target.dialect != "mysql":
         pytest.skip("a PostgreSQL standby cut off from its primary looks caught up")
     pairs: SharedPairs = request.getfixturevalue("mariadb_pairs")
-    replica = pairs.get(latency=LATENCY).replica
+    pair = pairs.get(latency=LATENCY)
+    await pair.caught_up()  # (the notes table on the replica too)
+    replica = pair.replica
     await replica.query("STOP SLAVE SQL_THREAD")
     try:
         async with af.connect(

@@ -268,7 +268,7 @@ async def doctor(db: Database) -> None:
 
 
 async def _servers(db: Database) -> tuple[list[str], list[str]]:
-    """Each server's role, timeline and replay lag (PostgreSQL), and what
+    """Each server's role, timeline and replay lag, and what
     in them needs attention: a URL whose only server refuses writes, a
     fenced stale primary, a server that does not answer."""
     servers = await db.servers()
@@ -276,7 +276,7 @@ async def _servers(db: Database) -> tuple[list[str], list[str]]:
     writable = [s for s in servers if s.error is None and not s.read_only and not s.fenced]
     if servers and not writable:
         warnings.append(
-            "no server of the URL accepts writes (standbys or read-only): writes fail with "
+            "no server of the URL accepts writes (standbys, replicas or read-only): writes fail with "
             "ReadOnlyDatabase; point the URL at the primary"
         )
     return [server.describe() for server in servers], warnings

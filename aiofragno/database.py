@@ -27,7 +27,7 @@ from .hosts import HostStatus
 from .introspection import LiveSchema, inspect_database
 from .migrate import Ddl, MigrationResult, run_online
 from .migrate import migrate as run_migration
-from .migration_lock import DEFAULT_LOCK_TIMEOUT, check_lock_timeout
+from .migration_lock import DEFAULT_LOCK_TIMEOUT, check_lock_timeout, held_outside_transaction
 from .migration_plan import MigrationPlan
 from .naming import Layout, PhysicalNames, resolve_naming
 from .outbox import OutboxReader
@@ -94,6 +94,7 @@ class Database(Queries):
         self._replicas = replicas
         self.replica = ReplicaReads(self._engine, replicas)
         self._run = replicas.primary_run  # type: ignore[method-assign]
+        self._stream = replicas.primary_stream  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -324,27 +325,28 @@ class Database(Queries):
             for statement in spec.migration_setup_sql:
                 await session.execute(CompiledQuery(statement))
             try:
-                if transactional:
-                    await session.begin(None)
-                result = await run_migration(
-                    session,
-                    engine.compile,
-                    layout,
-                    self._ddl,
-                    engine.codec,
-                    lock_timeout=lock_timeout,
-                    transactional=transactional,
-                    execute=not dry_run,
-                    adopt=adopt,
-                    allow_drop=allow_drop,
-                    expected=plan,
-                )
-                if transactional:
-                    await session.commit()
-                if self._replicas is not None:
-                    self._replicas.committing()  # (replicas get the new tables by replay)
-                if not dry_run and result.plan is not None:
-                    await run_online(session, engine.compile, self._ddl, result.plan, lock_timeout)
+                async with held_outside_transaction(session, engine.compile, spec, lock_timeout):
+                    if transactional:
+                        await session.begin(None)
+                    result = await run_migration(
+                        session,
+                        engine.compile,
+                        layout,
+                        self._ddl,
+                        engine.codec,
+                        lock_timeout=lock_timeout,
+                        transactional=transactional,
+                        execute=not dry_run,
+                        adopt=adopt,
+                        allow_drop=allow_drop,
+                        expected=plan,
+                    )
+                    if transactional:
+                        await session.commit()
+                    if self._replicas is not None:
+                        self._replicas.committing()  # (replicas get the new tables by replay)
+                    if not dry_run and result.plan is not None:
+                        await run_online(session, self._ddl, result.plan, lock_timeout)
             finally:
                 if not session.broken:
                     for statement in spec.migration_teardown_sql:
@@ -416,18 +418,27 @@ class Database(Queries):
         ``pg_terminate_backend``, MySQL ``KILL``); on SQLite this returns at once."""
         await end_server_session_reconnecting(self._engine, server_session, give_up_after)
 
-    async def is_healthy(self) -> bool:
-        """True if a connection answers a round trip within ``connect_timeout``.
-        Never raises."""
+    async def is_healthy(self, *, writable: bool | None = None) -> bool:
+        """True if a connection answers a round trip within ``connect_timeout``
+        and, when writes are expected, the server takes them: a standby, or
+        a server read-only by configuration, is not healthy for a Database
+        that writes. ``writable`` None: writes are expected unless the URL
+        asks for a read-only server (``target_session_attrs`` "read-only",
+        "standby" or "prefer-standby"). Never raises; :meth:`servers` says
+        what each server is."""
         engine = self._engine
         if engine.closed:
             return False
+        check = engine.adapter.sql.writable if self._expects_writes(writable) else None
         with runtime.move_on_after(self.options.connect_timeout):
             try:
                 session = await engine.acquire(wait=False)
                 try:
-                    await session.connection.ping()
-                    return True
+                    if check is None:
+                        await session.connection.ping()
+                        return True
+                    result = await session.connection.execute_query(CompiledQuery(check))
+                    return bool(result.rows[0]["writable"])
                 except Exception:
                     session.broken = True
                 finally:
@@ -436,14 +447,21 @@ class Database(Queries):
                 pass
         return False
 
+    def _expects_writes(self, writable: bool | None) -> bool:
+        if writable is not None:
+            return writable
+        return self.options.target_session_attrs not in ("read-only", "standby", "prefer-standby")
+
     async def servers(self) -> list[HostStatus]:
-        """Each server the URL names (one, or a primary and its standbys),
-        asked afresh on a connection of its own: its role ("primary" or
-        "standby"), whether it refuses writes, its timeline, a standby's
-        replay lag in seconds, whether it is fenced off as a stale primary,
-        or why it could not be asked (:class:`~aiofragno.HostStatus`; its
-        ``describe()`` says it in a line). Each server is given
-        ``connect_timeout``. Empty on SQLite and MySQL."""
+        """Each server the URL names (one, or a primary and its standbys or
+        replicas), asked afresh on a connection of its own: its role
+        ("primary", "standby" on PostgreSQL, "replica" on MySQL/MariaDB),
+        whether it refuses writes, its timeline (MySQL/MariaDB: the number
+        of writers in its GTID history), a standby's replay lag or a
+        replica's Seconds_Behind_Master in seconds, whether it is fenced off
+        as a stale primary, or why it could not be asked
+        (:class:`~aiofragno.HostStatus`; its ``describe()`` says it in a
+        line). Each server is given ``connect_timeout``. Empty on SQLite."""
         return await self._engine.servers()
 
     async def close(self) -> None:
@@ -473,8 +491,11 @@ class Database(Queries):
         return self._engine._stream(query, batch_size)
 
     async def open(self) -> None:
-        """Open the first connection, so a bad URL or a dead server fails now."""
+        """Open the first connection, so a bad URL or a dead server fails now
+        (and, with replicas, learn the primary's kind of replication)."""
         await self._engine.open()
+        if self._replicas is not None:
+            await self._replicas.open()
 
 
 async def _find_page(
@@ -636,8 +657,8 @@ def connect(
     environment variables fill in what the URL and the keywords leave out
     (see :mod:`aiofragno.libpq`).
 
-    ``replicas`` (or ``replica_url``, for one): PostgreSQL standbys of
-    ``url`` for ``db.replica`` and ``execute_uow(..., reads="replica")``,
+    ``replicas`` (or ``replica_url``, for one): PostgreSQL standbys, or
+    MySQL/MariaDB GTID replicas, of ``url`` for ``db.replica`` and ``execute_uow(..., reads="replica")``,
     each a pool of its own with the same options, opened at first use.
     A replica read waits up to ``replica_wait`` seconds for the replica to
     replay the task's own commits, and passes over a replica whose replay

@@ -22,6 +22,7 @@ from typing import (
     Literal,
     NamedTuple,
     Protocol,
+    Self,
     TypeVar,
     runtime_checkable,
 )
@@ -356,6 +357,48 @@ class Capabilities:
     supports_limit_in_subquery: bool = False
 
 
+class ReplayPosition(Protocol):
+    """How far a server's log reaches (a primary's after a commit, or what
+    a replica has replayed): a WAL position, a set of GTIDs. ``str()`` is
+    the server's own spelling of it, as its wait statement takes it."""
+
+    def covers(self, other: Self) -> bool:
+        """Whether a replica that has replayed this has replayed ``other``."""
+        ...
+
+    def merged(self, other: Self) -> Self:
+        """What covers both this and ``other`` (and nothing more)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationSql:
+    """How one kind of server says how far its log reaches, for read
+    replicas (:mod:`aiofragno.replicas`).
+
+    ``position``: one statement the primary answers, in the column
+    ``position``, with how far its log reaches now — run right after a
+    commit on the connection that committed, it covers that commit.
+    ``state``: one statement a replica answers with how far it has
+    replayed (column ``state_position``) and its replay lag in seconds
+    (column ``state_lag``; NULL: unknown, as good as infinite); no row, or
+    a NULL position, when the server is not a replica (several rows — one
+    per source — are one position and the largest lag). ``parse`` makes a
+    position of either column's value. ``wait``: a statement a replica
+    runs until it has replayed ``{position}`` or ``{seconds}`` have passed,
+    answering in the column ``reached`` whether it has; None: the replica
+    is polled with ``state``. ``server``: a pattern searched for in the
+    primary's version string (empty: any)."""
+
+    position: str
+    state: str
+    parse: Callable[[Any], ReplayPosition]
+    state_position: str = "position"
+    state_lag: str = "lag"
+    wait: str | None = None
+    server: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class SqlSnippets:
     """Statements and expressions the core needs in each dialect's words."""
@@ -377,6 +420,12 @@ class SqlSnippets:
     # {rest}: the read after "SELECT <columns> FROM "). None: reads go as a
     # batch.
     rows_array: str | None = None
+    # Statements beginning a read-only transaction whose reads all see one
+    # snapshot, taken no later than its first read: a unit's reads that go
+    # as several statements run in one, ended by ROLLBACK
+    # (aiofragno.uow.snapshot). Empty:
+    # every batch of reads is one statement here.
+    read_snapshot: tuple[str, ...] = ()
     # The exact sum of an integer column ({x}) as two SQL sums, of its high
     # and of its low 32 bits (the total is high * 2**32 + low), where SUM
     # would fail past 64 bits (SQLite). None: SUM({x}) is exact (a numeric).
@@ -412,15 +461,14 @@ class SqlSnippets:
     # synchronous standby, which may be what has just gone. None: commits
     # wait for nothing outside the server.
     local_commit: str | None = None
-    # Read replicas (aiofragno.replicas). ``wal_position``: one statement
-    # returning, as the bigint ``position``, how far the primary's log
-    # reaches now — a replica that has replayed that far sees every commit
-    # made before it. ``replica_state``: one statement a replica answers
-    # with how far it has replayed (``position``; NULL when the server is
-    # not a replica) and how many seconds its replay lags (``lag``).
-    # None: no replicas on this dialect.
-    wal_position: str | None = None
-    replica_state: str | None = None
+    # Read replicas (aiofragno.replicas): how the primary and its replicas
+    # say how far their log reaches, one :class:`ReplicationSql` per kind
+    # of server the dialect covers (the first whose ``server`` matches the
+    # primary's version). Empty: no replicas on this dialect.
+    replication: tuple[ReplicationSql, ...] = ()
+    # One row, column ``writable``: true while the server takes writes (not
+    # a standby, not read-only by configuration). None: it always does.
+    writable: str | None = None
     # Run first in a mutation phase at "repeatable read" or "serializable"
     # with the counter's outbox on (not under ticks): it waits for the
     # outbox counter's writers before the transaction takes its snapshot.
@@ -449,6 +497,13 @@ class SqlSnippets:
     # The outbox's "ticks" strategy (:mod:`aiofragno.outbox.ticks`); None:
     # the dialect has only the counter.
     outbox_ticks: OutboxTicksSql | None = None
+    # Where a standby can be promoted to primary: an SQL expression (a
+    # bigint) every outbox version the server numbers now must be above.
+    # It rises with each promotion past any version the old primary could
+    # have numbered, so that versions keep rising across a failover that
+    # lost some (asynchronous replication); 0 on a server never promoted.
+    # None: versions only continue from the counter.
+    outbox_version_floor: str | None = None
     # The upsert's words (``uow.upsert``), see :class:`UpsertSql`.
     upsert: UpsertSql = field(default_factory=lambda: UpsertSql())
     # Finds the unique index a UniqueViolation's message names: a pattern with
@@ -664,6 +719,15 @@ class Connection(Protocol):
         ...
 
     @property
+    def is_stale(self) -> bool:
+        """True when the connection may still work but should not be handed
+        out again: another connection to its server was lost since it was
+        opened (a failover, a restart), so the pool replaces it. Not
+        ``is_closed``: a COMMIT sent on it is in flight on a live connection,
+        and ambiguous if that breaks."""
+        ...
+
+    @property
     def server_session(self) -> str | None:
         """This connection's server session, named so that the dialect's
         ``session_process_sql`` finds it from another connection for as long
@@ -789,6 +853,7 @@ def stopped(
 
 
 COMMIT = CompiledQuery("COMMIT")
+ROLLBACK = CompiledQuery("ROLLBACK")
 
 B = TypeVar("B")
 

@@ -9,13 +9,15 @@ in-order loop lacks for failover:
 * **fencing**: a server that accepts writes is refused when its timeline is
   older than one this process has already seen for the same cluster (same
   system identifier) — an old primary that came back after its standby was
-  promoted would otherwise take writes that the new primary never sees;
+  promoted would otherwise take writes that the new primary never sees
+  (MariaDB and MySQL have no timeline: their dialect counts the writers of
+  a server's GTID history instead, see :mod:`aiofragno.dialects.mysql`);
 * a host whose connection was lost unexpectedly has a new *generation*:
   the idle connections opened to it before are dropped at checkout, not
   handed out one by one to fail.
 
-The server is asked what it is (:class:`ServerRole`) by the backend;
-nothing here talks to a server.
+The server is asked what it is (:class:`ServerRole`) by the backend,
+through :mod:`aiofragno.host_choice`; nothing here talks to a server.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from typing import Literal
 
 from .url import HostPort, SessionAttrs, describe_host
 
-Role = Literal["primary", "standby"]
+# What a server is: a primary, or one that replays a primary's log — a
+# PostgreSQL standby, a MySQL/MariaDB replica.
+Role = Literal["primary", "standby", "replica"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,14 +45,20 @@ class ServerRole:
     system: str | None
     """The cluster's system identifier: a primary and its standbys share it."""
     timeline: int | None
-    """The WAL timeline; each promotion starts a new, higher one."""
+    """PostgreSQL: the WAL timeline; each promotion starts a new, higher
+    one. MariaDB/MySQL: how many servers have written the GTID history
+    this server holds (each promotion adds one; see
+    :mod:`aiofragno.dialects.mysql`)."""
+    replay_lag: float | None = None
+    """A standby's or replica's lag in seconds, when the role query tells it."""
 
 
 @dataclass(frozen=True, slots=True)
 class HostStatus:
     """One server of the URL as :meth:`Database.servers
-    <aiofragno.Database.servers>` reports it: its role, timeline and (for
-    a standby) replay lag in seconds, or why it could not be asked."""
+    <aiofragno.Database.servers>` reports it: its role, timeline (MariaDB,
+    MySQL: the number of writers in its GTID history) and (for a standby or
+    replica) replay lag in seconds, or why it could not be asked."""
 
     host: str
     port: int | None
@@ -72,7 +82,9 @@ class HostStatus:
         if self.replay_lag is not None:
             parts.append(f"replay lag {self.replay_lag:.3f}s")
         if self.fenced:
-            parts.append("FENCED: an older timeline than one already seen (a stale primary)")
+            parts.append(
+                "FENCED: an older timeline or GTID history than one already seen (a stale primary)"
+            )
         return f"{where}: {', '.join(parts)}"
 
 

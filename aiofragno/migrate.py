@@ -64,6 +64,7 @@ from .migration_plan import (
     Runner,
     database_state,
     refuse_stale,
+    shown_value,
 )
 from .naming import Layout, PhysicalTable
 from .outbox import tables as outbox_tables
@@ -349,8 +350,11 @@ class Migrator:
         async def update() -> None:
             await self.session.execute(self.compile(fill))
 
+        # The value is in the comment, so in the plan's id: a plan reviewed
+        # with one value is refused for a declaration with another.
         self.act(
-            f"-- UPDATE {physical} SET {column.name} = <{what}, bound> WHERE {column.name} IS NULL",
+            f"-- UPDATE {physical} SET {column.name} = <{what} {shown_value(value)}, bound> "
+            f"WHERE {column.name} IS NULL",
             update,
         )
 
@@ -571,22 +575,19 @@ def _progress(plan: MigrationPlan, done: int, of: int, note: str) -> str:
     return json.dumps({"plan": plan.id, "done": done, "of": of, "note": note})
 
 
-async def run_online(
-    session: Session, compile: Any, ddl: Ddl, plan: MigrationPlan, lock_timeout: float
-) -> None:
+async def run_online(session: Session, ddl: Ddl, plan: MigrationPlan, lock_timeout: float) -> None:
     """Run the steps of ``plan`` built online outside any transaction
     (PostgreSQL's ``CREATE INDEX CONCURRENTLY``), holding the online builds'
-    lock (:func:`~aiofragno.migration_lock.held_online`). A build that fails is cleaned up: the invalid index
-    it leaves is dropped, and the error says why it failed."""
+    lock, which the caller holds since before the migration's transaction
+    (:func:`~aiofragno.migration_lock.held_outside_transaction`). A build
+    that fails is cleaned up: the invalid index it leaves is dropped, and
+    the error says why it failed."""
     spec = ddl.spec
     steps = [s for s in plan.steps if s.online and spec.online_outside_transaction]
     if not steps:
         return
-    # (A session lock and setting: reset on release, should the unlock not
-    # run because the task was cancelled.)
-    session.dirty = True
     try:
-        await _build_online(session, compile, ddl, plan, steps, lock_timeout)
+        await _build_online(session, ddl, plan, steps, lock_timeout)
     except MigrationError:
         raise
     except LockTimeout as exc:
@@ -600,31 +601,29 @@ async def run_online(
 
 async def _build_online(
     session: Session,
-    compile: Any,
     ddl: Ddl,
     plan: MigrationPlan,
     steps: list[PlanStep],
     lock_timeout: float,
 ) -> None:
-    async with migration_lock.held_online(session, compile, ddl.spec, lock_timeout):
-        for step in steps:
-            try:
-                for action in step.actions:
-                    await execute_action(session, ddl, action)
-            except Error as exc:
-                # (An online build starts by dropping what an interrupted one
-                # left: the same cleans up after this one.)
-                cleanup = step.actions[0].runner
-                if cleanup is not None:
-                    with contextlib.suppress(Error):
-                        await cleanup()
-                if isinstance(exc, LockTimeout):
-                    raise migration_lock.timed_out(lock_timeout, exc, plan.namespace) from exc
-                raise MigrationError(
-                    f"migrating namespace {plan.namespace!r}: building {step.title} failed "
-                    f"(the invalid index it left was dropped; the steps before it are "
-                    f"applied): {exc}; fix the cause and migrate again"
-                ) from exc
+    for step in steps:
+        try:
+            for action in step.actions:
+                await execute_action(session, ddl, action)
+        except Error as exc:
+            # (An online build starts by dropping what an interrupted one
+            # left: the same cleans up after this one.)
+            cleanup = step.actions[0].runner
+            if cleanup is not None:
+                with contextlib.suppress(Error):
+                    await cleanup()
+            if isinstance(exc, LockTimeout):
+                raise migration_lock.timed_out(lock_timeout, exc, plan.namespace) from exc
+            raise MigrationError(
+                f"migrating namespace {plan.namespace!r}: building {step.title} failed "
+                f"(the invalid index it left was dropped; the steps before it are "
+                f"applied): {exc}; fix the cause and migrate again"
+            ) from exc
 
 
 def _drift(
@@ -848,5 +847,11 @@ def _plan_records(
         await write_setting(session, compile, f"{ns}.schema_hash", fingerprint)
 
     migrator.step("record", None, "schema version")
-    migrator.act(f"-- {SETTINGS_TABLE}: {ns}.schema_version = {version}", record)
+    # (The declaration's hash in the comment, so in the plan's id: a plan is
+    # applied for the declaration it was made for, even where another would
+    # change nothing else — a default the client writes, say.)
+    migrator.act(
+        f"-- {SETTINGS_TABLE}: {ns}.schema_version = {version}, {ns}.schema_hash = {fingerprint}",
+        record,
+    )
     return version

@@ -3,7 +3,11 @@ waiting for ever.
 
 PostgreSQL takes a transaction-level advisory lock, MySQL/MariaDB the
 user-level lock ``GET_LOCK``, SQLite its write lock (``BEGIN IMMEDIATE``,
-bounded by ``busy_timeout``). The wait for it is bounded by ``lock_timeout``
+bounded by ``busy_timeout``). On PostgreSQL a migration first takes a
+session lock outside any transaction, held until its online index builds
+are done (:func:`held_outside_transaction`): a build waits for every
+transaction older than it, so no migration may wait for a build from
+inside a transaction. The wait for it is bounded by ``lock_timeout``
 seconds; so, on PostgreSQL and MySQL, is each lock the migration's DDL waits
 for (a table lock that a long transaction holds), since DDL queued behind it
 would hold up every other statement on that table meanwhile. A wait that runs
@@ -110,16 +114,29 @@ async def _run(
 
 
 @asynccontextmanager
-async def held_online(
+async def held_outside_transaction(
     session: Session, compile: Any, spec: DdlSpec, wait: float
 ) -> AsyncIterator[None]:
-    """The online builds' lock, a session lock (PostgreSQL), for the steps
-    that run outside any transaction; its wait, and theirs, bounded by
-    ``wait``. A build waits for every transaction older than it — waiting
-    for a lock is one —, so this lock is not the migration lock (another
-    migration waiting for that one would deadlock with the build), and it is
-    not waited for but tried again and again (the last statement of
-    :attr:`DdlSpec.online_lock_sql`), each try a transaction that ends at once."""
+    """Where online builds run outside the migration's transaction
+    (PostgreSQL's ``CREATE INDEX CONCURRENTLY``): the online builds' lock, a
+    session lock, held on ``session`` for the block — the whole migration,
+    its transaction and then its builds; its wait, and the builds', bounded
+    by ``wait``. Elsewhere nothing.
+
+    Why before the transaction: a build waits for every transaction older
+    than it. A migration transaction that waited for a running build — for
+    the migration lock, or for the table lock an ``ALTER TABLE`` of the
+    same table needs — was such a transaction: the two waited for each
+    other, and PostgreSQL broke the deadlock by failing one (40P01). So the
+    lock is taken before ``BEGIN``, and never waited for but tried again and
+    again (the last statement of :attr:`DdlSpec.online_lock_sql`), each try
+    a statement that ends at once."""
+    if not (spec.online_outside_transaction and spec.online_lock_sql):
+        yield
+        return
+    # (A session lock and setting: reset on release, should the unlock not
+    # run because the task was cancelled.)
+    session.dirty = True
     *setup, take = spec.online_lock_sql
     for template in setup:
         await _run(session, compile, template, wait, ONLINE_LOCK_KEY)
@@ -131,14 +148,18 @@ async def held_online(
         left = deadline - anyio.current_time()
         if left <= 0:
             raise MigrationError(
-                "another migration is building indexes online: its lock was not free within "
-                f"lock_timeout={wait} s; migrate again once it has finished (the steps before "
-                "were applied), or pass a larger lock_timeout"
+                "another migration holds the migration lock (or is building indexes online): "
+                f"it was not free within lock_timeout={wait} s; migrate again once it has "
+                "finished, or pass a larger lock_timeout"
             )
         await anyio.sleep(min(_RETRY, left))
     try:
         yield
     finally:
         if not session.broken:
+            if session.in_transaction:
+                # (The migration failed in its transaction: the unlock cannot
+                # run in that aborted transaction.)
+                await session.rollback()
             for template in spec.online_unlock_sql:
                 await _run(session, compile, template, wait, ONLINE_LOCK_KEY)

@@ -20,7 +20,8 @@ run anything unless it is the same one.
 
 Statements that bind values (a backfill, new external ids) or check data
 first (no NULLs left, no duplicate keys) appear in the plan as SQL comments
-saying what they do; the rest is the SQL text as it runs.
+saying what they do — with each value they bind (:func:`shown_value`), so
+that the plan's id covers it; the rest is the SQL text as it runs.
 """
 
 from __future__ import annotations
@@ -169,6 +170,20 @@ class MigrationPlan:
             "database": self.database,
             "steps": [step.describe() for step in self.steps],
         }
+
+
+SHOWN_VALUE = 120
+"""How much of a bound value's repr a plan shows (beyond: a prefix and a hash)."""
+
+
+def shown_value(value: Any) -> str:
+    """``value`` as a plan shows a value it binds: its repr (one line: repr
+    escapes line breaks), or a long one's start and a hash of all of it."""
+    text = repr(value)
+    if len(text) <= SHOWN_VALUE:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return f"{text[:SHOWN_VALUE]}... ({len(text)} characters, sha256 {digest})"
 
 
 def database_state(*parts: Any) -> str:

@@ -131,6 +131,7 @@ class Pool:
             now - created > self._max_lifetime
             or now - released > self._max_idle
             or connection.is_closed
+            or connection.is_stale
             or not self._slots.take()
         ):
             return None
@@ -157,7 +158,7 @@ class Pool:
         try:
             if created is None:
                 raise RuntimeError("connection released twice or not from this pool")
-            if discard or self._closed or connection.is_closed:
+            if discard or self._closed or connection.is_closed or connection.is_stale:
                 await _close(connection)
             else:
                 self._idle.append((connection, created, runtime.monotonic()))
@@ -210,6 +211,7 @@ class Pool:
             now - created <= self._max_lifetime
             and now - released <= self._max_idle
             and not connection.is_closed
+            and not connection.is_stale
         )
 
 

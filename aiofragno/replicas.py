@@ -1,4 +1,5 @@
-"""Read replicas: reads routed to PostgreSQL standbys, reading your writes.
+"""Read replicas: reads routed to PostgreSQL standbys or MySQL/MariaDB
+replicas, reading your writes.
 
 ``af.connect(primary_url, replicas=[url, ...])`` gives the Database one
 pool per replica (an :class:`~aiofragno.engine.Engine` of its own each,
@@ -8,15 +9,19 @@ beside the primary's). ``db.replica.fetch(...)`` (and ``fetch_one``,
 
 * **Read your writes, per task.** Every commit a task makes on the primary
   (a unit of work, a ``db.transaction()``, a statement that is not a
-  SELECT, a migration) raises that task's *commit position*: the primary's
-  WAL position read after the commit. It is a context variable, so it
-  belongs to the asyncio or trio task (a task started later inherits it)
-  and it only rises. A replica serves the task only once it has replayed
-  that position, waited for up to ``replica_wait`` seconds; else the read
-  runs on the primary. A task that has not written waits for nothing.
+  SELECT, run or streamed, a migration) raises that task's *commit position*: how far the
+  primary's log reaches, read after the commit (PostgreSQL: the WAL
+  position; MySQL and MariaDB: the GTID state — the dialect's
+  :class:`~aiofragno.driver.ReplicationSql`). It is a context variable, so
+  it belongs to the asyncio or trio task (a task started later inherits
+  it) and it only rises. A replica serves the task only once it has
+  replayed that position, waited for up to ``replica_wait`` seconds (by
+  the replica itself where it can wait for a position, else polled); else
+  the read runs on the primary. A task that has not written waits for
+  nothing.
 * **Bounded staleness** with ``max_replica_lag``: a replica whose replay
-  lags more (sampled at most every :data:`LAG_SAMPLE` seconds) is passed
-  over.
+  lags more (sampled at most every :data:`LAG_SAMPLE` seconds; MySQL and
+  MariaDB tell it in whole seconds) is passed over.
 * **Never inside a transaction**: inside ``db.transaction()``,
   ``db.replica.fetch`` is the transaction's own read, and a unit's reads go
   to the primary.
@@ -36,13 +41,21 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from . import runtime
-from .driver import CompiledQuery, QueryResult, leading_keyword
+from .driver import (
+    CompiledQuery,
+    QueryResult,
+    ReplayPosition,
+    ReplicationSql,
+    Row,
+    leading_keyword,
+)
 from .errors import (
     ConnectionLost,
     DatabaseUnavailable,
@@ -54,7 +67,7 @@ from .errors import (
 )
 from .queries import Queries, Read
 from .session import Session
-from .sql import Fragment
+from .sql import Fragment, sql
 from .streaming import Rows, Stream
 from .transaction import current_transaction, transaction_stack
 
@@ -86,7 +99,8 @@ class Replica:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.replayed = 0  # the highest replay position seen (it only rises)
+        # The furthest replay position seen (it only rises); None: not yet asked.
+        self.replayed: ReplayPosition | None = None
         self.lag = 0.0
         self.sampled_at = -math.inf
         self.down_until = -math.inf
@@ -102,25 +116,58 @@ class ReplicaSet:
     def __init__(
         self, primary: Engine, engines: Sequence[Engine], max_lag: float | None, wait: float
     ) -> None:
-        sql = primary.adapter.sql
-        if sql.wal_position is None or sql.replica_state is None:
+        kinds = primary.adapter.sql.replication
+        if not kinds:
             raise ValidationError(
-                f"read replicas need PostgreSQL streaming replication; {primary.name} has none: "
-                "connect without replicas="
+                "read replicas need PostgreSQL streaming replication or MySQL/MariaDB GTID "
+                f"replication; {primary.name} has neither: connect without replicas="
             )
         self.primary = primary
         self.replicas = [Replica(engine) for engine in engines]
         self.max_lag = max_lag
         self.wait = wait
         self.stats = primary.stats
-        self._wal_position = primary.compile(primary.raw(sql.wal_position))
-        self._replica_state = primary.raw(sql.replica_state)
+        self._kinds = kinds
+        self._replication: ReplicationSql | None = None
+        if len(kinds) == 1:
+            self._use(kinds[0])
         self._next = 0
-        # (position, unknown): the task's commit position, and whether a
-        # commit since may have gone past it (then the primary is asked).
-        self._position: ContextVar[tuple[int, bool]] = ContextVar(
-            "aiofragno_commit_position", default=(0, False)
+        # (position, unknown): the task's commit position (None: no commit
+        # yet), and whether a commit since may have gone past it (then the
+        # primary is asked).
+        self._position: ContextVar[tuple[ReplayPosition | None, bool]] = ContextVar(
+            "aiofragno_commit_position", default=(None, False)
         )
+
+    async def open(self) -> None:
+        """Once the primary is open: where the dialect covers several kinds
+        of server (MySQL, MariaDB), which one it is — one round trip, once."""
+        if self._replication is not None:
+            return
+        primary = self.primary
+        version = await primary.fetch_value(primary.raw(primary.adapter.sql.version), str)
+        for kind in self._kinds:
+            if re.search(kind.server, version):
+                self._use(kind)
+                return
+        raise ValidationError(
+            f"read replicas: aiofragno knows no replication for server {version!r}; "
+            "connect without replicas="
+        )
+
+    def _use(self, replication: ReplicationSql) -> None:
+        primary = self.primary
+        self._replication = replication
+        self._position_query = primary.raw(replication.position)
+        self._commit_position = primary.compile(self._position_query)
+        self._replica_state = primary.raw(replication.state)
+
+    @property
+    def replication(self) -> ReplicationSql:
+        """The primary's kind of replication (known once :meth:`open`)."""
+        if self._replication is None:
+            raise RuntimeError("ReplicaSet.open() was not awaited")
+        return self._replication
 
     async def close(self) -> None:
         for replica in self.replicas:
@@ -143,31 +190,48 @@ class ReplicaSet:
         the commit stands, and a failure leaves the position unknown, for
         the next replica read to ask the primary."""
         try:
-            result = await session.execute(self._wal_position)
+            result = await session.execute(self._commit_position)
+            position = self.replication.parse(result.rows[0]["position"])
         except Exception as exc:
-            logger.debug("reading the WAL position after a commit failed: %s", exc)
+            logger.debug("reading the log position after a commit failed: %s", exc)
             return
-        self._raise_to(result.rows[0]["position"])
+        self._raise_to(position)
 
-    def _raise_to(self, position: int) -> None:
+    def _raise_to(self, position: ReplayPosition) -> None:
         known, _ = self._position.get()
-        self._position.set((max(known, position), False))
+        self._position.set((merged(known, position), False))
 
-    async def _target(self) -> int:
-        """The position a replica must have replayed to serve this task."""
+    async def _target(self) -> ReplayPosition | None:
+        """The position a replica must have replayed to serve this task
+        (None: any will do)."""
         position, unknown = self._position.get()
         if unknown:
             primary = self.primary
-            position = await primary.fetch_value(primary.raw(self._wal_position.sql), int)
+            value = await primary.fetch_value(self._position_query)
+            position = self.replication.parse(value)
             self._raise_to(position)
         return position
 
     def primary_run(self, query: Fragment, read: Read[T]) -> Coroutine[Any, Any, T]:
         """``db``'s own statements, when it has replicas: one that is not a
         SELECT may commit a write, which the task's position must cover."""
-        if leading_keyword(self.primary.compile(query).sql) != "select":
-            self.committing()
+        self._may_commit(query)
         return self.primary._run(query, read)
+
+    def primary_stream(self, query: Fragment, batch_size: int) -> Stream:
+        """``db.stream``, when it has replicas: a stream of a statement that
+        is not a SELECT (``INSERT .. RETURNING``) commits a write when its
+        block ends, which the task's position must cover."""
+        stream = self.primary._stream(query, batch_size)
+        if not self._may_commit(query):
+            return stream
+        return CommittingStream(self, stream)
+
+    def _may_commit(self, query: Fragment) -> bool:
+        if leading_keyword(self.primary.compile(query).sql) == "select":
+            return False
+        self.committing()
+        return True
 
     # -- choosing a replica ---------------------------------------------------
 
@@ -185,7 +249,7 @@ class ReplicaSet:
                 continue
             if self.max_lag is not None and replica.lag > self.max_lag:
                 continue
-            if replica.replayed >= target:
+            if covers(replica.replayed, target):
                 return replica
             candidates.append(replica)
         if candidates and await self._wait_for(candidates[0], target):
@@ -202,12 +266,16 @@ class ReplicaSet:
         ordered = replicas[start:] + replicas[:start]
         return [replica for replica in ordered if replica.down_until <= now]
 
-    async def _wait_for(self, replica: Replica, target: int) -> bool:
-        """Whether ``replica`` replays ``target`` within ``wait`` seconds."""
+    async def _wait_for(self, replica: Replica, target: ReplayPosition | None) -> bool:
+        """Whether ``replica`` replays ``target`` within ``wait`` seconds:
+        waited for by the replica itself where the dialect can, else polled."""
+        wait = self.replication.wait
+        if wait is not None and target is not None and self.wait > 0:
+            return await self._wait_on(replica, wait, target)
         deadline = time.monotonic() + self.wait
         pause = FIRST_POLL
         while await self._sample(replica):
-            if replica.replayed >= target:
+            if covers(replica.replayed, target):
                 return True
             if time.monotonic() + pause > deadline:
                 return False
@@ -215,20 +283,32 @@ class ReplicaSet:
             pause = min(2 * pause, LAST_POLL)
         return False
 
+    async def _wait_on(self, replica: Replica, wait: str, target: ReplayPosition) -> bool:
+        """The replica's own wait for ``target``, bounded by ``wait`` seconds."""
+        query = sql(wait, position=str(target), seconds=self.wait)
+        try:
+            reached = await replica.engine.fetch_value(query)
+        except Error as exc:
+            self.failed(replica, exc)
+            return False
+        if reached:
+            replica.replayed = merged(replica.replayed, target)
+        return bool(reached)
+
     async def _sample(self, replica: Replica) -> bool:
         """Read how far ``replica`` has replayed and how far it lags; False
         (and the replica passed over for a while) if it cannot say."""
         try:
-            row = await replica.engine.fetch_one(self._replica_state)
+            rows = await replica.engine.fetch(self._replica_state)
+            state = replica_state(self.replication, rows)
         except Error as exc:
             self.failed(replica, exc)
             return False
-        assert row is not None  # (the statement returns one row)
-        if row["position"] is None:
-            self.failed(replica, Error("it is not a replica (not in recovery)"))
+        if state is None:
+            self.failed(replica, Error("it is not a replica (not replaying a primary's log)"))
             return False
-        replica.replayed = max(replica.replayed, row["position"])
-        replica.lag = row["lag"]
+        replica.replayed = merged(replica.replayed, state[0])
+        replica.lag = state[1]
         replica.sampled_at = time.monotonic()
         return True
 
@@ -270,6 +350,30 @@ class ReplicaSet:
                 return value
         self.stats.replica_fallbacks += 1
         return await primary._run(query, read)
+
+
+def covers(replayed: ReplayPosition | None, target: ReplayPosition | None) -> bool:
+    """Whether a replica that has replayed ``replayed`` (None: unknown)
+    serves a task at ``target`` (None: no commit to wait for)."""
+    return target is None or (replayed is not None and replayed.covers(target))
+
+
+def merged(known: ReplayPosition | None, position: ReplayPosition) -> ReplayPosition:
+    return position if known is None else known.merged(position)
+
+
+def replica_state(
+    replication: ReplicationSql, rows: Sequence[Row]
+) -> tuple[ReplayPosition, float] | None:
+    """What a replica's ``state`` rows say: how far it has replayed and its
+    lag (seconds; unknown: infinite, as a replica whose replication has
+    stopped); None when the server is not a replica."""
+    positions = [row[replication.state_position] for row in rows]
+    if not positions or positions[0] is None:
+        return None
+    lags = [row[replication.state_lag] for row in rows]
+    lag = math.inf if None in lags else max(float(lag) for lag in lags)
+    return replication.parse(positions[0]), lag
 
 
 def check_read(compiled: CompiledQuery) -> None:
@@ -343,6 +447,28 @@ class ReplicaStream(Stream):
             await inner._end(exc)
 
 
+class CommittingStream(Stream):
+    """A stream on the primary of a statement that may write: the task's
+    commit position is unknown from its start until a read asks the
+    primary after the block has ended — a replica read inside the block
+    would otherwise settle the position before the stream's commit."""
+
+    def __init__(self, replicas: ReplicaSet, inner: Stream) -> None:
+        super().__init__(inner._query, inner._batch_size)
+        self._replicas = replicas
+        self._inner = inner
+
+    async def __aenter__(self) -> Rows:
+        self._replicas.committing()
+        return await self._inner.__aenter__()
+
+    async def _end(self, exc: BaseException | None) -> None:
+        try:
+            await self._inner._end(exc)
+        finally:
+            self._replicas.committing()
+
+
 class HeldReads(Protocol):
     """The reads of one unit attempt on one engine (the executor's
     ``HeldConnection``: one connection, held until released; made with
@@ -365,8 +491,8 @@ class UnitReads:
     """The reads of one attempt of a unit run with ``reads="replica"``: all
     on one server, chosen at the first read — a replica that has this
     task's commits, else the primary (always inside a
-    ``db.transaction()``). As on the primary, each ``retrieve()`` is one
-    statement, so one snapshot; and as the server stays the same, a later
+    ``db.transaction()``). As on the primary, each ``retrieve()`` reads
+    one snapshot (:mod:`aiofragno.uow.snapshot`); and as the server stays the same, a later
     ``retrieve()`` never sees an older state than an earlier one. A replica
     lost after the first read fails the attempt, which runs again (the
     executor's "lost before commit"). Once the unit (:attr:`unit`) has

@@ -211,7 +211,26 @@ def _check_distinct(what: str, name: str, existing: Iterable[str], where: str) -
             raise SchemaError(f"{what} {name!r} is {same} in {where}")
 
 
-class Column:
+class Declaration:
+    """A column, index or drop: a value once a :class:`Table` holds it. The
+    Table checked it as it was (names, renames, the row type): a later
+    change would skip those checks, so it raises instead."""
+
+    _sealed = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._sealed:
+            raise SchemaError(
+                f"{self!r} belongs to a Table and cannot change: declare a new "
+                f"{type(self).__name__} (and a new Table) instead"
+            )
+        object.__setattr__(self, name, value)
+
+    def seal(self) -> None:
+        object.__setattr__(self, "_sealed", True)
+
+
+class Column(Declaration):
     """A column: ``Column("balance", "bigint", default=0)``. Types: string, text,
     smallint, integer, bigint, float, decimal, bool, json, binary, date,
     timestamp, time, uuid, or ``af.varchar(n)``, ``af.enum(...)``,
@@ -293,7 +312,7 @@ class Reference(Column):
         return f"reference({self.to_table})"
 
 
-class Index:
+class Index(Declaration):
     """An index over ``columns`` (unique if ``unique=True``);
     ``renamed_from="old"`` renames the database's index ``old`` to this one
     instead of building a new one."""
@@ -318,8 +337,11 @@ class Index:
         if len(set(self.columns)) != len(self.columns):
             raise SchemaError(f"index {name!r} names a column twice: {list(self.columns)}")
 
+    def __repr__(self) -> str:
+        return f"Index({self.name!r}, {list(self.columns)!r}, unique={self.unique})"
 
-class Dropped:
+
+class Dropped(Declaration):
     """A column (or, with ``index=True``, an index) the table no longer has
     and whose data may go: ``af.Dropped("legacy")`` in a table's items makes
     a migration drop it if the database still has it (recorded in the
@@ -395,6 +417,7 @@ class Table(Generic[RowT]):
         self.dropped_indexes: dict[str, Dropped] = {}
         for item in items:
             self._add(item, columns, indexes)
+            item.seal()
         # Read-only: the row type was checked against these.
         self.columns: Mapping[str, Column] = MappingProxyType(columns)
         self.indexes: Mapping[str, Index] = MappingProxyType(indexes)

@@ -51,10 +51,11 @@ class DatabaseURL:
     # (Not in the repr: it may hold sslpassword.)
     query: dict[str, str] = field(default_factory=dict, repr=False)
     hosts: tuple[HostPort, ...] = ()
-    """PostgreSQL: every server of a URL that names several (libpq's
-    ``host1:port1,host2:port2`` or ``host=h1,h2&port=p1,p2``), in order, a
-    port None for the default; empty for a URL of one server, whose host
-    and port are ``host`` and ``port`` (the first of ``hosts`` otherwise)."""
+    """Every server of a URL that names several (libpq's
+    ``host1:port1,host2:port2`` or ``host=h1,h2&port=p1,p2``; PostgreSQL
+    and MySQL), in order, a port None for the default; empty for a URL of
+    one server, whose host and port are ``host`` and ``port`` (the first of
+    ``hosts`` otherwise)."""
 
     @property
     def is_memory(self) -> bool:
@@ -189,20 +190,13 @@ def _parse(url: str) -> DatabaseURL:
 def _host_list(
     url: str, dialect: str, parts: SplitResult, query: dict[str, str]
 ) -> tuple[HostPort, ...]:
-    """The servers of a URL that names several (libpq's syntax: a comma
-    between ``host:port`` pairs, or ``host=`` and ``port=`` lists in the
-    query, which override the URL's), taken out of ``query``; empty for a
-    URL of one server."""
+    """The servers of a URL that names several (libpq's syntax, for
+    PostgreSQL and MySQL alike: a comma between ``host:port`` pairs, or
+    ``host=`` and ``port=`` lists in the query, which override the URL's),
+    taken out of ``query``; empty for a URL of one server."""
     hostport = parts.netloc.rpartition("@")[2]
-    listed = dialect == "postgresql" and (
-        "," in hostport or "," in query.get("host", "") or "," in query.get("port", "")
-    )
+    listed = "," in hostport or "," in query.get("host", "") or "," in query.get("port", "")
     if not listed:
-        if "," in hostport:
-            raise ValidationError(
-                f"database URL {redact_url(url)!r} names several hosts: only PostgreSQL "
-                "URLs may (libpq's host1:port1,host2:port2)"
-            )
         return ()
     pairs = [_host_port(url, text) for text in hostport.split(",")] if hostport else []
     names = query.pop("host", "")
@@ -441,14 +435,14 @@ class Options:
     """PostgreSQL (keyword only): settings for the session, as asyncpg's
     server_settings; they win over the same ones in ``options``."""
     target_session_attrs: SessionAttrs | None = None
-    """PostgreSQL: which server of the URL's hosts to use, as libpq:
-    "read-write" (accepts writes), "primary" (not in recovery), "standby",
-    "prefer-standby" (a standby if one answers, else any), "read-only" or
-    "any". None: "read-write" when the URL names several hosts, else
-    "any". docs/connecting.md, "Several hosts"."""
+    """Which server of the URL's hosts to use, as libpq: "read-write"
+    (accepts writes), "primary" (not in recovery; MySQL: not replicating),
+    "standby" (MySQL: a replica), "prefer-standby" (a standby if one
+    answers, else any), "read-only" or "any". None: "read-write" when the
+    URL names several hosts, else "any". docs/connecting.md, "Several hosts"."""
     load_balance_hosts: LoadBalance = "disable"
-    """PostgreSQL: "random" tries the hosts in a random order (the last
-    good one still first); "disable" in the URL's order."""
+    """"random" tries the hosts in a random order (the last good one still
+    first); "disable" in the URL's order."""
     tcp_user_timeout: float | None = 15.0
     """PostgreSQL over TCP: how long sent data may stay unacknowledged
     before the connection counts as lost (Linux ``TCP_USER_TIMEOUT``; in
@@ -562,10 +556,8 @@ _DIALECT_OPTIONS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys((*TLS_MODE_OPTIONS, *TLS_FILE_OPTIONS, "application_name"), _SERVERS),
     "options": ("postgresql",),
     "server_settings": ("postgresql",),
-    **dict.fromkeys(
-        ("target_session_attrs", "load_balance_hosts", "tcp_user_timeout", "keepalives_idle"),
-        ("postgresql",),
-    ),
+    **dict.fromkeys(("target_session_attrs", "load_balance_hosts"), _SERVERS),
+    **dict.fromkeys(("tcp_user_timeout", "keepalives_idle"), ("postgresql",)),
     "charset": ("mysql",),
 }
 

@@ -1,9 +1,11 @@
 """Read replicas: the read throughput one replica adds on the transfer read
 mix, and what keeping each task's commit position costs the writes.
 
-A private PostgreSQL primary and a hot standby streaming from it
-(``tests/pg_replicas.py``: ``initdb``, ``pg_basebackup -R``, on this
-machine). The read mix is the transfer unit's retrieval phase (two accounts
+A private primary and a replica of it, on this machine: with ``--dialect
+postgresql`` (the default) a hot standby streaming from the primary
+(``tests/pg_replication.py``: copies of one ``initdb`` cluster); with
+``--dialect mysql`` a MariaDB GTID replica (``tests/mariadb_replication.py``:
+``mariadb-install-db``, ``CHANGE MASTER ... MASTER_USE_GTID``). The read mix is the transfer unit's retrieval phase (two accounts
 of 1,000 by owner, one unit of work; ``benchmarks/_common.py``), run by
 ``--concurrency`` tasks for ``--units`` units per variant:
 
@@ -15,15 +17,17 @@ of 1,000 by owner, one unit of work; ``benchmarks/_common.py``), run by
 
 Then the writes: serial transfer units (read two accounts, update both,
 insert a transfer) with and without a replica configured — with one, each
-commit is followed by one ``pg_current_wal_insert_lsn()`` round trip on the
-connection still held; without, nothing. Variants are interleaved in
+commit is followed by one round trip on the connection still held, reading
+the commit position (``pg_current_wal_insert_lsn()``; MariaDB
+``@@gtid_binlog_pos``); without, nothing. Variants are interleaved in
 ``--rounds`` rounds; reported: units/s, and the ratios' median and range
 over the rounds. JSON in ``benchmarks/results/``.
 
 Both servers and this client share the machine's cores, so the gain here
 is a floor: on hosts of their own the replica adds its whole CPU.
 
-    python -m benchmarks.replica_reads [--units 2000] [--concurrency 16] [--rounds 3]
+    python -m benchmarks.replica_reads [--dialect postgresql|mysql] [--units 2000]
+        [--concurrency 16] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -34,12 +38,15 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiofragno as af
-from tests.pg_replicas import ReplicaPair, ReplicaPairs
+from tests.mariadb_replication import MariaDBPair
+from tests.pg_replication import ReplicationPair
 from tests.server_watchdog import children
 
 from . import _common as common
@@ -59,6 +66,36 @@ def server_cpu(pid: int) -> float:
             continue  # (ended meanwhile)
         ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Pair:
+    """A primary and its replica: their URLs and main processes."""
+
+    primary_url: str
+    replica_url: str
+    pids: dict[str, int]
+
+
+@contextmanager
+def started_pair(dialect: str) -> Iterator[Pair]:
+    if dialect == "mysql":
+        mariadb = MariaDBPair.create_blocking()
+        try:
+            servers = {"primary": mariadb.primary, "replica": mariadb.replica}
+            pids = {name: s._process.pid for name, s in servers.items() if s._process}
+            yield Pair(mariadb.url(mariadb.primary), mariadb.url(mariadb.replica), pids)
+        finally:
+            mariadb.close()
+        return
+    pg = ReplicationPair.create_blocking(synchronous=False)
+    try:
+        pids = pg.pids()
+        yield Pair(
+            pg.primary.url, pg.standby.url, {"primary": pids["primary"], "replica": pids["standby"]}
+        )
+    finally:
+        pg.close()
 
 
 def read_unit(lo: int, hi: int) -> Unit:
@@ -100,17 +137,16 @@ async def run_writes(db: af.Database, units: int, seed: int) -> float:
     return units / (time.perf_counter() - started)
 
 
-async def bench(args: argparse.Namespace, pair: ReplicaPair) -> dict[str, Any]:
-    primary_url, standby_url = pair.primary.url, pair.standby.url
-    pids = pair.pids()
+async def bench(args: argparse.Namespace, pair: Pair) -> dict[str, Any]:
+    primary_url, replica_url, pids = pair.primary_url, pair.replica_url, pair.pids
     async with (
         af.connect(primary_url, pool_size=common.POOL_SIZE) as alone,
-        af.connect(primary_url, pool_size=common.POOL_SIZE, replicas=[standby_url]) as paired,
+        af.connect(primary_url, pool_size=common.POOL_SIZE, replicas=[replica_url]) as paired,
     ):
         # (Prepared through the paired Database: this task's commit position
         # then covers the accounts, and the tasks it starts inherit it.)
         await common.prepare(paired)
-        # (A replica unit after the writes waits for the standby to have them.)
+        # (A replica unit after the writes waits for the replica to have them.)
         await paired.execute_uow(read_unit(0, 1), schema=SCHEMA, reads="replica")
         reads: dict[str, list[float]] = {"primary": [], "primary+replica": [], "replica": []}
         # Server CPU microseconds per read unit, by variant and server.
@@ -175,7 +211,7 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
     common.print_table(["variant", "units/s", "ratio (median, range)"], rows)
     print()
     common.print_table(
-        ["read variant", "primary CPU us/unit", "standby CPU us/unit"],
+        ["read variant", "primary CPU us/unit", "replica CPU us/unit"],
         [
             [name, *(f"{statistics.median(values):.0f}" for values in servers.values())]
             for name, servers in result["server_cpu_us_per_read"].items()
@@ -189,21 +225,19 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dialect", choices=["postgresql", "mysql"], default="postgresql")
     parser.add_argument("--units", type=int, default=2000, help="read units per run")
     parser.add_argument("--writes", type=int, default=300, help="serial write units per run")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=str, default=None)
     args = parser.parse_args()
-    pairs = ReplicaPairs(latency=0.0)
-    try:
-        pair = pairs.get()
+    with started_pair(args.dialect) as pair:
         result = asyncio.run(bench(args, pair))
-    finally:
-        pairs.close()
     summary = report(result)
+    name = "replica_reads" if args.dialect == "postgresql" else "replica_reads_mariadb"
     common.write_json(
-        common.default_json_path("replica_reads") if args.json is None else Path(args.json),
+        common.default_json_path(name) if args.json is None else Path(args.json),
         {
             "benchmark": "replica_reads",
             "arguments": vars(args),

@@ -21,7 +21,8 @@ driver alone (``raw-*``, the floor aiofragno's own cost adds to):
   updates, 1 insert);
 * ``read-unit``: a unit of work with one ``find_first`` and no writes;
 * ``fetch-one`` / ``raw-read``: one row by owner, through ``db.fetch_one``
-  / the driver's pool and a statement with one parameter;
+  / the driver's pool and a statement with one parameter (``raw-read-prepared``:
+  on asyncmy, with its statement cache, which runs that statement prepared);
 * ``transaction`` / ``raw-transaction``: ``db.transaction()`` running a
   SELECT, an UPDATE and an INSERT / the same statements between the
   driver's BEGIN and COMMIT;
@@ -50,6 +51,7 @@ import functools
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -74,6 +76,7 @@ WORKLOADS = (
     "read-unit",
     "fetch-one",
     "raw-read",
+    "raw-read-prepared",
     "transaction",
     "raw-transaction",
     "upsert",
@@ -117,30 +120,67 @@ async def workload(
         url = URLS[backend] or f"sqlite:///{tmp}/unitinstr.db"
         async with af.connect(url, outbox=outbox, pool_size=max(concurrency, 1)) as db:
             namespace = f"unitinstr{os.getpid()}"
-            if name.endswith("upsert"):
-                return await upserts(db, backend, url, namespace, name, operations, concurrency)
-            await db.migrate(shop, namespace=namespace)
+            try:
+                if name.endswith("upsert"):
+                    return await upserts(db, backend, url, namespace, name, operations,
+                                         concurrency)  # fmt: skip
+                return await measured(db, backend, shop, namespace, url, name, operations,
+                                      concurrency)  # fmt: skip
+            finally:
+                await drop_namespace(db, shop, namespace)
 
-            async def open_accounts(uow: Any) -> None:
-                uow.create("accounts", {"owner": "a", "balance": 1_000_000})
-                uow.create("accounts", {"owner": "b", "balance": 1_000_000})
 
-            await db.execute_uow(open_accounts, schema=shop, namespace=namespace)
-            # The tables' quoted names, as SQL text.
-            layout = db.layout(shop, namespace)
-            tables = {
-                table: db.compile(af.sql("{t}", t=layout.table(table).identifier)).sql
-                for table in ("accounts", "transfers")
-            }
-            if name.startswith("raw-"):
-                raw = await RAW[backend].open(url, max(concurrency, 1))
-                try:
-                    operation = getattr(raw, name.removeprefix("raw-").replace("-", "_"))
-                    return await run(functools.partial(operation, tables), operations, concurrency)
-                finally:
-                    await raw.close()
-            operation = aiofragno_operation(db, shop, namespace, tables, name)
-            return await run(operation, operations, concurrency)
+async def measured(
+    db: Any, backend: str, shop: Any, namespace: str, url: str, name: str, operations: int,
+    concurrency: int,
+) -> float | None:  # fmt: skip
+    """:func:`workload`'s measurement, in ``namespace`` (migrated here)."""
+    import aiofragno as af
+
+    await db.migrate(shop, namespace=namespace)
+
+    async def open_accounts(uow: Any) -> None:
+        uow.create("accounts", {"owner": "a", "balance": 1_000_000})
+        uow.create("accounts", {"owner": "b", "balance": 1_000_000})
+
+    await db.execute_uow(open_accounts, schema=shop, namespace=namespace)
+    # The tables' quoted names, as SQL text.
+    layout = db.layout(shop, namespace)
+    tables = {
+        table: db.compile(af.sql("{t}", t=layout.table(table).identifier)).sql
+        for table in ("accounts", "transfers")
+    }
+    if name.startswith("raw-"):
+        prepared = name.endswith("-prepared")
+        raw = await RAW[backend].open(url, max(concurrency, 1), prepared=prepared)
+        try:
+            method = name.removeprefix("raw-").removesuffix("-prepared")
+            operation = getattr(raw, method.replace("-", "_"))
+            return await run(functools.partial(operation, tables), operations, concurrency)
+        finally:
+            await raw.close()
+    operation = aiofragno_operation(db, shop, namespace, tables, name)
+    return await run(operation, operations, concurrency)
+
+
+async def drop_namespace(db: Any, shop: Any, namespace: str) -> None:
+    """Drop what :func:`workload` created in ``namespace`` (its tables, its
+    schema on PostgreSQL, its migration's settings), also after a failure:
+    each run has a namespace of its own, which nothing else would drop."""
+    import aiofragno as af
+
+    layout = db.layout(shop, namespace)
+    drops = [af.sql("DROP TABLE IF EXISTS {t}", t=layout.table(name).identifier)
+             for name in ("transfers", "accounts")]  # fmt: skip
+    drops += [af.sql("DROP SCHEMA IF EXISTS {s} CASCADE", s=af.Identifier(schema))
+              for schema in layout.db_schemas]  # fmt: skip
+    drops.append(af.sql("DELETE FROM {t} WHERE {k} LIKE {p}", t=af.Identifier("fragno_db_settings"),
+                        k=af.Identifier("key"), p=f"{namespace}.%"))  # fmt: skip
+    for drop in drops:
+        try:
+            await db.execute(drop)
+        except af.Error as exc:  # (say so, and drop the rest)
+            print(f"could not clean up: {exc}", file=sys.stderr)
 
 
 async def upserts(
@@ -174,6 +214,8 @@ async def upserts(
     finally:
         if close is not None:
             await close()
+        # (Its namespace's schema and settings go with drop_namespace.)
+        await db.execute(af.sql("DROP TABLE IF EXISTS {t}", t=identifier))
 
 
 async def run(operation: Operation, operations: int, concurrency: int) -> float | None:
@@ -247,10 +289,12 @@ def aiofragno_operation(
 
 
 class RawAsyncmy:
-    """The driver alone: asyncmy's pool, a cursor per statement."""
+    """The driver alone: asyncmy's pool, a cursor per statement (with
+    ``prepared``, asyncmy's statement cache: its cursors run statements with
+    parameters as prepared statements, in the binary protocol)."""
 
     @classmethod
-    async def open(cls, url: str, size: int) -> RawAsyncmy:
+    async def open(cls, url: str, size: int, prepared: bool = False) -> RawAsyncmy:
         import asyncmy
         from asyncmy.constants import CLIENT
 
@@ -262,7 +306,7 @@ class RawAsyncmy:
             host=parsed.host, port=parsed.port or 3306, user=parsed.username or "root",
             password=parsed.password or "", db=parsed.database,
             autocommit=True, charset="utf8mb4", client_flag=CLIENT.FOUND_ROWS,
-            minsize=size, maxsize=size,
+            minsize=size, maxsize=size, **({"stmt_cache_size": 256} if prepared else {}),
         )  # fmt: skip
         return self
 
@@ -303,7 +347,8 @@ class RawAsyncpg:
     """The driver alone: asyncpg's pool and its ``fetchrow`` / ``execute``."""
 
     @classmethod
-    async def open(cls, url: str, size: int) -> RawAsyncpg:
+    async def open(cls, url: str, size: int, prepared: bool = False) -> RawAsyncpg:
+        # (asyncpg always prepares: ``prepared`` changes nothing.)
         import asyncpg
 
         self = cls()
@@ -408,6 +453,14 @@ def cpu_main(args: argparse.Namespace, trees: list[Path], workloads: list[str]) 
         args.json.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
 
 
+async def terminable(coroutine: Awaitable[float | None]) -> float | None:
+    """``coroutine``, cancelled by SIGTERM (a killed benchmark), so that its
+    clean-up still runs."""
+    task = asyncio.ensure_future(coroutine)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await task
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="postgresql", choices=list(URLS))
@@ -421,7 +474,8 @@ def main() -> None:
     args = parser.parse_args()
     workloads = args.workload or ["transfer"]
     if args.run is not None:
-        used = asyncio.run(workload(args.backend, workloads[0], args.run, args.outbox, args.cpu))
+        measured = workload(args.backend, workloads[0], args.run, args.outbox, args.cpu)
+        used = asyncio.run(terminable(measured))
         if used is not None:
             print(used)
         return

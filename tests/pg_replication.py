@@ -9,6 +9,12 @@ stopped cluster, made with ``initdb`` once per test session: what
 ``pg_basebackup -R`` would give, in a tenth of the time. With ``synchronous=True`` the primary
 waits for the standby (``synchronous_standby_names``) at every COMMIT.
 
+With ``latency`` the standby streams through a :func:`~tests.faults.tcp_proxy`
+— the pair's *link* — that delays the log by that many seconds, as a
+replica in another zone lags. The link runs in a thread of its own (an
+anyio blocking portal), so that it outlives each test's event loop: one
+pair serves a whole test module, under both runtimes (:func:`replica_pair`).
+
 ::
 
     pair = ReplicationPair.create_blocking(synchronous=False)
@@ -18,26 +24,37 @@ waits for the standby (``synchronous_standby_names``) at every COMMIT.
     pair.close()
 
 Skips (or fails under AIOFRAGNO_REQUIRE_BACKENDS=postgresql) where the
-server binaries are missing: see :func:`replication_pair`.
+server binaries are missing: see :func:`new_pair`.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import functools
 import os
 import pwd
-import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import anyio.to_thread
 import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from aiofragno.hosts import FENCE
-from tests.conftest import required_dialects
-from tests.servers import POLL, START_TIMEOUT, PostgresServer, ServerFailed, ServerUnavailable
+from tests import servers
+from tests.conftest import Target
+from tests.faults import Proxy, tcp_proxy
+from tests.servers import (
+    POLL,
+    START_TIMEOUT,
+    PostgresServer,
+    ServerFailed,
+    ServerUnavailable,
+    copy_template,
+    skip_unless_available,
+)
 
 # The standby's name, as the primary's synchronous_standby_names knows it.
 STANDBY_NAME = "standby1"
@@ -53,7 +70,7 @@ class PrimaryServer(PostgresServer):
         super().__init__()
 
     def _initialise(self) -> None:
-        copy_template(self)
+        copy_template(TemplateServer, self)
 
     def _after_first_start(self) -> None:
         """Nothing: the database ``test`` came with the template."""
@@ -82,45 +99,37 @@ class PrimaryServer(PostgresServer):
 
     def query_blocking(self, sql: str) -> str:
         """``sql``'s result as psql prints it unaligned (``-At``)."""
-        user = pwd.getpwnam(self._run_as) if self._run_as is not None else None
-        done = subprocess.run(
+        return self._capture(
             [
                 str(self.bin / "psql"),
                 *("-X", "-At", "-w", "-h", "127.0.0.1", "-p", str(self.port)),
                 *("-U", "postgres", "-d", "test", "-c", sql),
             ],
-            capture_output=True,
-            text=True,
-            timeout=START_TIMEOUT,
-            user=user.pw_uid if user else None,
-            group=user.pw_gid if user else None,
-            extra_groups=[] if user else None,
-            check=False,
+            what=sql,
         )
-        if done.returncode != 0:
-            raise ServerFailed(f"{sql!r} on {self!r}: {done.stderr.strip()}")
-        return done.stdout.strip()
 
 
 class StandbyServer(PrimaryServer):
-    """A hot standby of ``primary``, streaming from it.
+    """A hot standby of ``primary``, streaming from it (through the port
+    ``source_port``, a proxy in front of it, if given).
     Its own settings are a primary's, so that once promoted it serves
     standbys of its own (the synchronous standby name: only if it had one)."""
 
     kind = "postgresql+standby"
 
-    def __init__(self, primary: PrimaryServer) -> None:
+    def __init__(self, primary: PrimaryServer, source_port: int | None = None) -> None:
         self.primary = primary
+        self.source_port = source_port or primary.port
         super().__init__(synchronous=False)
 
     def _initialise(self) -> None:
         # A copy of a cleanly stopped cluster is a base backup as good as
         # pg_basebackup's (the primary starts from the same copy), and a
         # fraction of its time.
-        copy_template(self)
+        copy_template(TemplateServer, self)
         (self.data / "standby.signal").touch()
         conninfo = (
-            f"host=127.0.0.1 port={self.primary.port} user=postgres application_name={STANDBY_NAME}"
+            f"host=127.0.0.1 port={self.source_port} user=postgres application_name={STANDBY_NAME}"
         )
         with (self.data / "postgresql.auto.conf").open("a") as conf:
             conf.write(f"primary_conninfo = '{conninfo}'\n")
@@ -151,28 +160,9 @@ class StandbyServer(PrimaryServer):
         return await anyio.to_thread.run_sync(self.promote_blocking)
 
 
-_templates: list[PrimaryServer] = []
-
-
-def copy_template(server: PrimaryServer) -> None:
-    """``server``'s data directory: a copy (ownership kept) of the session's
-    template cluster — initdb'd, with the database ``test``, stopped cleanly —
-    made on first use and removed when the process exits."""
-    if not _templates:
-        template = TemplateServer()
-        try:
-            template.create_blocking()
-            template.stop_blocking("clean")
-        except BaseException:
-            template.close()
-            raise
-        _templates.append(template)
-        atexit.register(template.close)
-    subprocess.run(["cp", "-a", str(_templates[0].data), str(server.data)], check=True)
-
-
 class TemplateServer(PostgresServer):
-    """The cluster the pairs' servers are copied from (see :func:`copy_template`)."""
+    """The cluster the pairs' servers are copied from (see
+    :func:`~tests.servers.copy_template`): initdb'd, with the database ``test``."""
 
     kind = "postgresql+template"
     # 1 MB WAL segments, not 16: less to copy for each server.
@@ -183,21 +173,36 @@ class TemplateServer(PostgresServer):
 
 
 class ReplicationPair:
-    """A primary and its standby, both running, the standby streaming."""
+    """A primary and its standby, both running, the standby streaming (through
+    ``link`` if the pair was made with a latency: ``link.delay()`` lags it)."""
 
-    def __init__(self, primary: PrimaryServer, standby: StandbyServer) -> None:
+    def __init__(
+        self,
+        primary: PrimaryServer,
+        standby: StandbyServer,
+        link: tuple[Proxy, BlockingPortal] | None = None,
+        stack: ExitStack | None = None,
+    ) -> None:
         self.primary = primary
         self.standby = standby
+        self.link: Proxy | None = link[0] if link else None
+        self._portal: BlockingPortal | None = link[1] if link else None
+        self._stack = stack or ExitStack()
 
     @classmethod
-    def create_blocking(cls, *, synchronous: bool) -> ReplicationPair:
-        primary = PrimaryServer(synchronous=synchronous)
-        standby: StandbyServer | None = None
+    def create_blocking(cls, *, synchronous: bool, latency: float | None = None) -> ReplicationPair:
+        """A new pair; with ``latency`` (seconds), the standby's log comes
+        through a link that delays it that long."""
+        stack = ExitStack()
         try:
+            primary = PrimaryServer(synchronous=synchronous)
+            stack.callback(primary.close)
             primary.create_blocking()
-            standby = StandbyServer(primary)
+            link = None if latency is None else _link(stack, primary, latency)
+            standby = StandbyServer(primary, link[0].port if link else None)
+            stack.callback(standby.close)
             standby.create_blocking()
-            pair = cls(primary, standby)
+            pair = cls(primary, standby, link, stack)
             pair.wait_streaming("async")
             if synchronous:
                 # (Only now: until the standby streams, every COMMIT — CREATE
@@ -208,11 +213,26 @@ class ReplicationPair:
                 primary.query_blocking("SELECT pg_reload_conf()")
                 pair.wait_streaming()
         except BaseException:
-            for server in (standby, primary):
-                if server is not None:
-                    server.close()
+            stack.close()
             raise
         return pair
+
+    def stall_link(self, stalled: bool) -> None:
+        """Hold back (True) or pass on again (False) the log on its way to
+        the standby, whatever the primary commits meanwhile (a pair made
+        with a latency)."""
+        link, portal = self.link, self._portal
+        assert link is not None and portal is not None, "no link: make the pair with a latency"
+        portal.call(link.stall, stalled)  # (in the link's own thread)
+
+    def pids(self) -> dict[str, int]:
+        """Each server's main process (for metering its processes' CPU)."""
+        servers = {"primary": self.primary, "standby": self.standby}
+        return {
+            name: server._process.pid
+            for name, server in servers.items()
+            if server._process is not None
+        }
 
     def url(self, *servers: PostgresServer, **query: str) -> str:
         """A URL naming ``servers`` (default: primary, then standby) in order."""
@@ -239,24 +259,31 @@ class ReplicationPair:
             time.sleep(POLL)
 
     def close(self) -> None:
-        for server in (self.standby, self.primary):
-            with contextlib.suppress(Exception):
-                server.close()
+        """The standby, the link, then the primary."""
+        with contextlib.suppress(Exception):
+            self._stack.close()
 
 
-def new_pair(*, synchronous: bool) -> ReplicationPair:
+def _link(stack: ExitStack, primary: PrimaryServer, latency: float) -> tuple[Proxy, BlockingPortal]:
+    """A proxy to ``primary`` in a thread of its own (closed with ``stack``),
+    delaying what passes through it by ``latency`` seconds."""
+    portal = stack.enter_context(start_blocking_portal())
+    link = stack.enter_context(
+        portal.wrap_async_context_manager(tcp_proxy("127.0.0.1", primary.port))
+    )
+    link.delay(latency)  # (before the standby's connections open)
+    return link, portal
+
+
+def new_pair(*, synchronous: bool, latency: float | None = None) -> ReplicationPair:
     """A new pair (close it after); skips the test where PostgreSQL's server
     binaries are missing (fails under AIOFRAGNO_REQUIRE_BACKENDS=postgresql)."""
     # Every pair is a copy of one template cluster, so all share its system
     # identifier: the timelines an earlier test's promotion left in the
     # process's fence would fence this pair's primary off.
     FENCE.forget()
-    try:
-        return ReplicationPair.create_blocking(synchronous=synchronous)
-    except ServerUnavailable as exc:
-        if "postgresql" in required_dialects():
-            pytest.fail(f"{exc}; AIOFRAGNO_REQUIRE_BACKENDS requires postgresql")
-        pytest.skip(str(exc))
+    with skip_unless_available("postgresql"):
+        return ReplicationPair.create_blocking(synchronous=synchronous, latency=latency)
 
 
 def replication_pair(*, synchronous: bool) -> Iterator[ReplicationPair]:
@@ -268,27 +295,36 @@ def replication_pair(*, synchronous: bool) -> Iterator[ReplicationPair]:
         pair.close()
 
 
-class SharedPairs:
-    """Pairs made on first use and kept (for a module-scoped fixture: made
-    only once a test that runs asks, so that skipped tests cost nothing)."""
+class SharedPairs(servers.SharedPairs[ReplicationPair]):
+    """Pairs made on first use and kept, by ``synchronous`` (see
+    :class:`tests.servers.SharedPairs`); with ``latency``, each streams
+    through a link (see :func:`new_pair`). The fence forgets what tests of
+    other pairs saw (see :func:`new_pair`) at each hand-out."""
 
-    def __init__(self) -> None:
-        self._pairs: dict[bool, ReplicationPair] = {}
+    def __init__(self, latency: float | None = None) -> None:
+        super().__init__(functools.partial(new_pair, latency=latency), FENCE.forget)
 
-    def get(self, *, synchronous: bool) -> ReplicationPair:
-        if synchronous not in self._pairs:
-            self._pairs[synchronous] = new_pair(synchronous=synchronous)
-        FENCE.forget()  # (what tests of other pairs saw: see new_pair)
-        return self._pairs[synchronous]
 
-    def take(self, *, synchronous: bool) -> ReplicationPair:
-        """The pair (made now if need be) for the caller to keep — and close:
-        for a test that leaves it changed (a promotion), as the last to use it."""
-        pair = self.get(synchronous=synchronous)
-        del self._pairs[synchronous]
-        return pair
+# The read-replica tests' standby gets its log this late (seconds; a replica
+# in another zone).
+LATENCY = 0.03
 
-    def close(self) -> None:
-        for pair in self._pairs.values():
-            pair.close()
-        self._pairs.clear()
+
+@pytest.fixture(scope="module")
+def replica_pairs() -> Iterator[SharedPairs]:
+    pairs = SharedPairs(LATENCY)
+    try:
+        yield pairs
+    finally:
+        pairs.close()
+
+
+@pytest.fixture
+def replica_pair(target: Target, replica_pairs: SharedPairs) -> ReplicationPair:
+    """The module's asynchronous pair whose standby lags by :data:`LATENCY`,
+    for a PostgreSQL target (others skip); skips — or fails, where
+    AIOFRAGNO_REQUIRE_BACKENDS names postgresql — when the server binaries
+    are missing."""
+    if target.dialect != "postgresql":
+        pytest.skip("read replicas are PostgreSQL streaming replication")
+    return replica_pairs.get(synchronous=False)

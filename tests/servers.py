@@ -46,6 +46,7 @@ only pytest.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import os
@@ -57,11 +58,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, ClassVar, Literal
+from typing import IO, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import anyio.to_thread
 import pytest
@@ -166,6 +168,11 @@ class PrivateServer(ABC):
     @abstractmethod
     def log(self) -> Path:
         """Where the server's output goes."""
+
+    @property
+    def data(self) -> Path:
+        """The server's data directory."""
+        return self.directory / "data"
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -300,6 +307,24 @@ class PrivateServer(ABC):
         if process.wait(START_TIMEOUT) != 0:
             raise ServerFailed(f"{what} failed with {process.returncode}{self._log_tail()}")
 
+    def _capture(self, command: list[str], *, what: str) -> str:
+        """Run a client command as the service user; its stripped output.
+        Raises ServerFailed, with its error output, if it fails."""
+        user = pwd.getpwnam(self._run_as) if self._run_as is not None else None
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT,
+            user=user.pw_uid if user else None,
+            group=user.pw_gid if user else None,
+            extra_groups=[] if user else None,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ServerFailed(f"{what!r} on {self!r}: {done.stderr.strip()}")
+        return done.stdout.strip()
+
     def _signal(self, sig: signal.Signals) -> None:
         """``sig`` for the running server's processes."""
         if self.running:
@@ -341,10 +366,6 @@ class PostgresServer(PrivateServer):
     @property
     def log(self) -> Path:
         return self.directory / "postgres.log"
-
-    @property
-    def data(self) -> Path:
-        return self.directory / "data"
 
     def _check_installed(self) -> None:
         self.bin = postgres_bin()
@@ -475,6 +496,7 @@ class MariaDBServer(PrivateServer):
     def _check_installed(self) -> None:
         self.mariadbd = find_program("mariadbd", "apt-get install mariadb-server")
         self.install_db = find_program("mariadb-install-db", "apt-get install mariadb-server")
+        self.client = find_program("mariadb", "apt-get install mariadb-client")
         if self._run_as is not None:
             service_account(self._run_as)
 
@@ -482,7 +504,7 @@ class MariaDBServer(PrivateServer):
         """Options for both the bootstrap and the server."""
         return [
             "--no-defaults",
-            f"--datadir={self.directory / 'data'}",
+            f"--datadir={self.data}",
             "--innodb-log-file-size=16M",  # (not the 96M default: quicker to create)
         ]
 
@@ -498,6 +520,18 @@ class MariaDBServer(PrivateServer):
 
     def _after_first_start(self) -> None:
         """Nothing: mariadb-install-db created the database ``test``."""
+
+    def query_blocking(self, sql: str) -> str:
+        """``sql`` run as root over the socket; its result, tab-separated
+        without column names (``mariadb -N -B``)."""
+        return self._capture(
+            [
+                str(self.client),
+                *("--no-defaults", "-S", str(self.socket), "-u", "root", "-N", "-B"),
+                *("-e", sql),
+            ],
+            what=sql,
+        )
 
     def _command(self) -> list[str]:
         return [
@@ -534,7 +568,6 @@ class TLSMariaDBServer(MariaDBServer):
 
     def _check_installed(self) -> None:
         super()._check_installed()
-        self.client = find_program("mariadb", "apt-get install mariadb-client")
         self.openssl = find_program("openssl", "apt-get install openssl")
 
     def _initialise(self) -> None:
@@ -542,12 +575,8 @@ class TLSMariaDBServer(MariaDBServer):
         self.certificates = make_certificates(self.openssl, self.directory / "tls", self._run_as)
 
     def _after_first_start(self) -> None:
-        sql = (
+        self.query_blocking(
             f"CREATE USER {CLIENT_USER}@'%' REQUIRE X509; GRANT ALL ON test.* TO {CLIENT_USER}@'%'"
-        )
-        self._run(
-            [str(self.client), "--no-defaults", "-S", str(self.socket), "-u", "root", "-e", sql],
-            what=sql,
         )
 
     def _command(self) -> list[str]:
@@ -634,6 +663,81 @@ def free_port() -> int:
                 continue
             return port
     raise ServerUnavailable(f"no free port found in {PORTS}")
+
+
+_templates: dict[type[PrivateServer], PrivateServer] = {}
+_templates_lock = threading.Lock()  # (the servers of a pair may be made at once)
+
+
+def copy_template(template: type[PrivateServer], server: PrivateServer) -> None:
+    """``server``'s data directory: a copy (ownership kept) of the session's
+    ``template`` server's — created, then stopped cleanly — made on first use
+    and removed when the process exits. Copying a cleanly stopped data
+    directory takes a fraction of initialising one (or of a base backup),
+    which is what makes replication pairs cheap enough for every test run."""
+    with _templates_lock:
+        made = _templates.get(template)
+        if made is None:
+            made = template()
+            try:
+                made.create_blocking()
+                made.stop_blocking("clean")
+            except BaseException:
+                made.close()
+                raise
+            _templates[template] = made
+            atexit.register(made.close)
+    subprocess.run(["cp", "-a", str(made.data), str(server.data)], check=True)
+
+
+@contextlib.contextmanager
+def skip_unless_available(dialect: str) -> Iterator[None]:
+    """Turn :class:`ServerUnavailable` into a skip with its reason — or a
+    failure, where AIOFRAGNO_REQUIRE_BACKENDS names ``dialect``."""
+    try:
+        yield
+    except ServerUnavailable as exc:
+        if dialect in required_dialects():
+            pytest.fail(f"{exc}; AIOFRAGNO_REQUIRE_BACKENDS requires {dialect}")
+        pytest.skip(str(exc))
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+Made = TypeVar("Made", bound=Closeable)
+
+
+class SharedPairs(Generic[Made]):
+    """Servers (replication pairs) made on first use and kept, one per set
+    of options — for a module-scoped fixture: made only once a test that
+    runs asks, so that skipped tests cost nothing. ``make(**options)`` makes
+    one; ``before_use()`` runs at each hand-out (the fence's forget)."""
+
+    def __init__(self, make: Callable[..., Made], before_use: Callable[[], None]) -> None:
+        self._make = make
+        self._before_use = before_use
+        self._made: dict[tuple[tuple[str, object], ...], Made] = {}
+
+    def get(self, **options: object) -> Made:
+        key = tuple(sorted(options.items()))
+        if key not in self._made:
+            self._made[key] = self._make(**options)
+        self._before_use()
+        return self._made[key]
+
+    def take(self, **options: object) -> Made:
+        """As :meth:`get`, for the caller to keep — and close: for a test
+        that leaves it changed (a promotion), as the last to use it."""
+        made = self.get(**options)
+        del self._made[tuple(sorted(options.items()))]
+        return made
+
+    def close(self) -> None:
+        for made in self._made.values():
+            made.close()
+        self._made.clear()
 
 
 # -- fixtures ----------------------------------------------------------------------
@@ -737,16 +841,12 @@ TLSServer = TLSPostgresServer | TLSMariaDBServer
 def _server(target: Target, servers: PrivateServers, kind: str) -> Iterator[PrivateServer]:
     if target.dialect == "sqlite":
         pytest.skip("SQLite is embedded: there is no server to restart, crash, stall or encrypt")
-    try:
+    with skip_unless_available(target.dialect):
         if importlib.util.find_spec(target.module) is None:
             raise ServerUnavailable(
                 f"driver {target.module} is not installed (pip install 'aiofragno[all]')"
             )
         server = servers.get(kind)
-    except ServerUnavailable as exc:
-        if target.dialect in required_dialects():
-            pytest.fail(f"{exc}; AIOFRAGNO_REQUIRE_BACKENDS requires {target.dialect}")
-        pytest.skip(str(exc))
     yield server
     servers.reset(server)
 

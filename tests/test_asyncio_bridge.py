@@ -268,6 +268,7 @@ def test_a_call_in_an_already_cancelled_scope_returns_at_once() -> None:
 
 class FakeConnection:
     is_closed = False
+    is_stale = False
 
     async def close(self) -> None:
         self.is_closed = True

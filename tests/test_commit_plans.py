@@ -82,6 +82,8 @@ class FakeConnection:
     def is_closed(self) -> bool:
         return self.closed
 
+    is_stale = False
+
     @property
     def server_session(self) -> str | None:
         return None

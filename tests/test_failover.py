@@ -99,6 +99,7 @@ async def test_the_server_is_chosen_by_its_role(
     # Standby first: read-write (the default with several hosts) passes it by.
     async with af.connect(pair.url(pair.standby, pair.primary), backend=backend) as db:
         assert await port_of(db) == primary
+        assert await db.is_healthy()
         await db.migrate(EVENTS)
         await db.execute_uow(lambda uow: create(uow, "chosen"), schema=EVENTS)
         roles = await _servers_replayed(db, standby)
@@ -114,6 +115,9 @@ async def test_the_server_is_chosen_by_its_role(
         url = pair.url(target_session_attrs=attrs)
         async with af.connect(url, backend=backend) as db:
             assert await port_of(db) == standby, attrs
+            # Healthy for what it was asked for: reads, not writes.
+            assert await db.is_healthy(), attrs
+            assert not await db.is_healthy(writable=True), attrs
     # No standby in the list: prefer-standby takes what there is.
     url = pair.url(pair.primary, pair.primary, target_session_attrs="prefer-standby")
     async with af.connect(url, backend=backend) as db:
@@ -126,6 +130,9 @@ async def test_the_server_is_chosen_by_its_role(
     async with af.connect(pair.url(pair.standby), backend=backend, reconnect_deadline=30) as db:
         with pytest.raises(af.ReadOnlyDatabase):
             await db.execute_uow(lambda uow: create(uow, "refused"), schema=EVENTS)
+        # It answers, but not as the Database needs: no writes.
+        assert not await db.is_healthy()
+        assert await db.is_healthy(writable=False)
         report = io.StringIO()
         with redirect_stdout(report):
             await doctor(db)
@@ -214,7 +221,13 @@ async def test_a_primary_turned_read_only_is_waited_out(
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(unit)
-                await anyio.sleep(0.5)  # (the unit meets the read-only primary and waits)
+                # Until the unit has met the read-only primary and waits (a
+                # fixed pause was too short on a loaded machine).
+                with anyio.fail_after(8):
+                    while True:
+                        if db.stats.lost_connection_retries >= 1:
+                            break
+                        await anyio.sleep(0.02)
                 await _reconfigure(primary, "RESET default_transaction_read_only")
         finally:
             await _reconfigure(primary, "RESET default_transaction_read_only")

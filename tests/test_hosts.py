@@ -1,12 +1,15 @@
-"""Multi-host PostgreSQL URLs (libpq's syntax) and the choice among their
-servers (aiofragno.hosts): no server needed. The servers themselves are
-tests/test_failover.py's."""
+"""Multi-host PostgreSQL and MySQL URLs (libpq's syntax) and the choice
+among their servers (aiofragno.hosts; MySQL's roles: aiofragno.dialects.mysql):
+no server needed. The servers themselves are tests/test_failover.py's and
+tests/test_mariadb_failover.py's."""
 
 from __future__ import annotations
 
 import pytest
 
 import aiofragno as af
+from aiofragno.dialects.mysql import replica_lag, role_sql, server_role
+from aiofragno.host_choice import hosts_of
 from aiofragno.hosts import Fence, Hosts, ServerRole, accepts
 from aiofragno.libpq import from_environment
 from aiofragno.url import Options, parse_url
@@ -21,6 +24,12 @@ from aiofragno.url import Options, parse_url
         ("postgresql:///app?host=a,b&port=6000", (("a", 6000), ("b", 6000))),
         ("postgresql:///app?host=a,b&port=1,2", (("a", 1), ("b", 2))),
         ("postgresql://x/app?host=%2Ftmp%2Fpg,b", (("/tmp/pg", None), ("b", None))),
+        ("mysql://u@h1:3307,h2:3308/app", (("h1", 3307), ("h2", 3308))),
+        ("mariadb://h1,h2/app", (("h1", None), ("h2", None))),
+        ("mysql://[::1]:3307,h2/app", (("::1", 3307), ("h2", None))),
+        ("mysql:///app?host=a,b&port=3307", (("a", 3307), ("b", 3307))),
+        ("mysql://x/app?host=a,b&port=1,2", (("a", 1), ("b", 2))),
+        ("mysql://u@%2Frun%2Fmysqld%2Fmysqld.sock,b:3307/app", (("/run/mysqld/mysqld.sock", None), ("b", 3307))),
     ],
 )
 def test_host_lists_are_parsed_as_libpq_does(url: str, hosts: tuple[object, ...]) -> None:
@@ -54,7 +63,9 @@ def test_a_host_list_keeps_user_password_and_options() -> None:
         ("postgresql://h1,,h2/app", "empty host"),
         ("postgresql://a,b/x?port=1,2,3", "2 hosts and 3 ports"),
         ("postgresql://[::1,h2/app", "bad host"),
-        ("mysql://a,b/db", "only PostgreSQL"),
+        ("mysql://a:3306,b:x/db", "bad port"),
+        ("mysql://a,,b/db", "empty host"),
+        ("mysql://a,b/x?port=1,2,3", "2 hosts and 3 ports"),
     ],
 )
 def test_bad_host_lists_are_refused(url: str, says: str) -> None:
@@ -84,12 +95,26 @@ def test_bad_failover_options_are_refused(options: dict[str, str], says: str) ->
         Options().merged(options, {})
 
 
-def test_failover_options_are_postgresqls() -> None:
+def test_host_choice_options_are_for_servers_socket_options_for_postgresql() -> None:
     options = Options().merged({"target_session_attrs": "read-write"}, {})
     options.check_dialect("postgresql")
+    options.check_dialect("mysql")
+    with pytest.raises(af.ValidationError, match="for postgresql and mysql, not sqlite"):
+        options.check_dialect("sqlite")
+    balanced = Options().merged({"load_balance_hosts": "random"}, {})
+    balanced.check_dialect("mysql")
+    timeout = Options().merged({"tcp_user_timeout": "10"}, {})
     with pytest.raises(af.ValidationError, match="for postgresql, not mysql"):
-        options.check_dialect("mysql")
+        timeout.check_dialect("mysql")
     assert Options().merged({"tcp_user_timeout": "none"}, {}).tcp_user_timeout is None
+
+
+def test_a_mysql_url_of_several_hosts_reads_write_by_default() -> None:
+    url = parse_url("mysql://app@h1:3307,h2:3308/test")
+    hosts = hosts_of(url, Options())
+    assert hosts.attrs == "read-write" and hosts.several
+    assert url.describe() == "mysql://app@h1:3307,h2:3308/test"
+    assert hosts_of(parse_url("mysql://app@h1/test"), Options()).attrs == "any"
 
 
 PRIMARY = ServerRole(standby=False, read_only=False, system="s", timeline=2)
@@ -141,3 +166,55 @@ def test_hosts_order_last_good_first_lost_last() -> None:
     shuffled = Hosts([a, b, c], "any", load_balance=True)
     shuffled.good(b)
     assert {tuple(shuffled.order()) for _ in range(50)} <= {(b, a, c), (b, c, a)}
+
+
+# The role query's row: read_only, innodb_read_only, server id (MySQL: uuid),
+# GTID history, running replication threads.
+MARIADB_PRIMARY = (0, 0, 1, "0-1-100", "0")
+MARIADB_REPLICA = (1, 0, 2, "0-1-100", "1")
+MARIADB_PROMOTED = (0, 0, 2, "0-1-100,0-2-140", "0")
+MARIADB_PROMOTED_UNWRITTEN = (0, 0, 2, "0-1-100", "0")
+
+
+def test_mariadb_roles() -> None:
+    primary = server_role(MARIADB_PRIMARY, "set")
+    assert (primary.standby, primary.read_only, primary.timeline) == (False, False, 1)
+    replica = server_role(MARIADB_REPLICA, "set")
+    assert (replica.standby, replica.read_only, replica.timeline) == (True, True, 1)
+    # A promoted replica: its primary's writes and its own, two writers.
+    assert server_role(MARIADB_PROMOTED, "set").timeline == 2
+    assert server_role(MARIADB_PROMOTED_UNWRITTEN, "set").timeline == 2  # (it takes writes)
+    # read_only or innodb_read_only, not replicating: a primary that refuses writes.
+    configured = server_role((0, 1, 1, "", "0"), "set")
+    assert (configured.standby, configured.read_only) == (False, True)
+    # A replica set read_only=0 by mistake is still not written to.
+    assert server_role((0, 0, 2, "0-1-5", "1"), "set").read_only
+    assert role_sql("5.5.5-10.11.19-MariaDB-0+deb12u1").count("gtid_binlog_state") == 1
+    assert "gtid_executed" in role_sql("8.0.36")
+
+
+def test_mysql_roles_count_the_uuids_of_the_gtid_history() -> None:
+    history = "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-77,\n4f22ab58-81db-22f2-8f44-d91bb0530673:1-5"
+    assert server_role((0, 0, "4f22ab58-81db-22f2-8f44-d91bb0530673", history, 0), "s").timeline == 2
+    assert server_role((1, 0, "x", history, 1), "s").timeline == 2
+
+
+def test_the_fence_refuses_an_old_mariadb_primary_after_a_promotion() -> None:
+    fence = Fence()
+    assert fence.admits(server_role(MARIADB_PRIMARY, "set"))
+    assert fence.admits(server_role(MARIADB_PROMOTED_UNWRITTEN, "set"))
+    # The old primary is back, its own writes only (even some the new one never got).
+    assert not fence.admits(server_role((0, 0, 1, "0-1-104", "0"), "set"))
+    # As a replica of the new primary it is harmless, and once it has followed it
+    # (its history names both writers) it may be promoted again.
+    assert fence.admits(server_role((1, 0, 1, "0-1-104", "1"), "set"))
+    assert fence.admits(server_role((0, 0, 1, "0-1-100,0-2-150", "0"), "set"))
+    assert fence.admits(server_role((0, 0, 1, "0-1-104", "0"), "another set"))
+
+
+def test_replica_lag_from_show_slave_status() -> None:
+    columns = ["Slave_IO_State", "Seconds_Behind_Master"]
+    assert replica_lag(columns, [("Waiting", 3)]) == 3.0
+    assert replica_lag(columns, [("Connecting", None)]) is None
+    assert replica_lag(columns, []) is None
+    assert replica_lag(["Seconds_Behind_Source"], [(0,)]) == 0.0

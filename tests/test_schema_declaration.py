@@ -385,3 +385,30 @@ def test_external_ids_are_uuid7() -> None:
     assert {text[19] for text in ids} == set("89ab")
     for position in (15, 16, 17, 20, 35):
         assert len({text[position] for text in ids}) == 16, position
+
+
+def test_declarations_held_by_a_table_cannot_change() -> None:
+    """The Table checked its columns, indexes and drops (names, renames, a
+    row type) when it was built: changing one afterwards would make the
+    schema say something it never checked, so it raises."""
+    amount = af.Column("amount", "bigint")
+    owner = af.Reference("owner", "people", nullable=True)
+    by_amount = af.Index("by_amount", ["amount"])
+    gone = af.Dropped("legacy")
+    amount.nullable = True  # (not yet in a table: still being declared)
+    table = af.Table("payments", amount, owner, by_amount, gone)
+    changes: list[tuple[object, str, object]] = [
+        (amount, "nullable", False),
+        (amount, "kind", "text"),
+        (amount, "default", 1),
+        (owner, "to_table", "accounts"),
+        (by_amount, "unique", True),
+        (by_amount, "columns", ("id",)),
+        (gone, "name", "other"),
+    ]
+    for item, attribute, value in changes:
+        before = getattr(item, attribute)
+        with pytest.raises(af.SchemaError, match="belongs to a Table and cannot change"):
+            setattr(item, attribute, value)
+        assert getattr(item, attribute) == before
+    assert table.columns["amount"].nullable is True

@@ -320,6 +320,10 @@ class BridgedConnection:
         return self._closed or self.raw.is_closed
 
     @property
+    def is_stale(self) -> bool:
+        return self.raw.is_stale
+
+    @property
     def server_session(self) -> str | None:
         return self.raw.server_session
 

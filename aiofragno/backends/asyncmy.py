@@ -50,8 +50,10 @@ from ..errors import (
     QueryCanceled,
     ValidationError,
 )
+from ..host_choice import HostChoice, Origin, Probe, hosts_of
 from ..pool import PooledDialect
-from ..url import DatabaseURL, Options
+from ..url import DatabaseURL, HostPort, Options, describe_host
+from .asyncmy_prepared import GoesAsText, Prepared, binary_values, changes_parsing, float32
 
 ERRORS = ErrorTable(
     codes=mysql.CODES,
@@ -94,14 +96,15 @@ def translate(exc: BaseException) -> Exception:
 @functools.lru_cache(maxsize=1024)
 def _columns(
     description: tuple[tuple[Any, ...], ...],
-) -> tuple[Mapping[str, int], tuple[int, ...]]:
+) -> tuple[Mapping[str, int], tuple[int, ...], tuple[int, ...]]:
     """The rows' name-to-position index, and the positions of their DATETIME
-    columns: the same for every result of the same columns (a result's
-    description is new, and equal to the last one's: a look-up here costs
-    less than working them out again)."""
+    and of their FLOAT columns: the same for every result of the same
+    columns (a result's description is new, and equal to the last one's: a
+    look-up here costs less than working them out again)."""
     index = column_index(tuple([column[0] for column in description]))
     utc = tuple([i for i, column in enumerate(description) if column[1] in _DATETIME_TYPES])
-    return index, utc
+    floats = tuple([i for i, column in enumerate(description) if column[1] == FIELD_TYPE.FLOAT])
+    return index, utc, floats
 
 
 def _utc_rows(
@@ -120,8 +123,11 @@ def _utc_rows(
 
 Killer = Callable[[int, str], Awaitable[None]]
 
-# Values are written into the statement text (MySQL's text protocol has no
-# parameters) by the functions below, never by the driver's escaping: each
+# A statement that goes as text (a batch, a stream, one the server will not
+# prepare: see asyncmy_prepared for the others, whose values travel as
+# binary parameters meaning what these literals mean) has its values written
+# into the text (MySQL's text protocol has no parameters) by the functions
+# below, never by the driver's escaping: each
 # literal reads as the same value whatever the session's sql_mode
 # (NO_BACKSLASH_ESCAPES or not), and none can end early under any character
 # set — so a session changed by raw SQL, or a statement earlier in the same
@@ -233,6 +239,26 @@ def _pieces(texts: list[str]) -> list[list[str]]:
     return pieces
 
 
+def _query_result(raw: Any, result: Any, *, binary: bool) -> QueryResult:
+    """asyncmy's ``result`` of one statement (of the binary protocol or
+    not) as a QueryResult; ``raw``'s status made that of the result."""
+    raw.server_status = result.server_status  # (see _keep_status)
+    description = result.description
+    if description is None:
+        return QueryResult([], result.affected_rows, result.insert_id or None)
+    tuples = result.rows
+    index, utc, floats = _columns(description)
+    if utc:
+        tuples = _utc_rows(utc, tuples)
+    if floats and binary:
+        tuples = _float32_rows(floats, tuples)
+    # (_rows written out, with a loop: a comprehension is a call of its own.)
+    rows = []
+    for values in tuples:
+        rows.append(Row(index, values))
+    return QueryResult(rows, len(rows))
+
+
 async def _read_result(cursor: Any) -> QueryResult:
     description = cursor.description
     if description is None:
@@ -241,8 +267,21 @@ async def _read_result(cursor: Any) -> QueryResult:
     return QueryResult(rows, len(rows))
 
 
+def _float32_rows(
+    positions: tuple[int, ...], tuples: Sequence[tuple[Any, ...]]
+) -> list[tuple[Any, ...]]:
+    fixed = []
+    for values in tuples:
+        row = list(values)
+        for i in positions:
+            if row[i] is not None:
+                row[i] = float32(row[i])
+        fixed.append(tuple(row))
+    return fixed
+
+
 def _rows(description: tuple[tuple[Any, ...], ...], tuples: Sequence[tuple[Any, ...]]) -> list[Row]:
-    index, utc = _columns(description)
+    index, utc, _ = _columns(description)
     if utc:
         tuples = _utc_rows(utc, tuples)
     return [Row(index, values) for values in tuples]
@@ -261,20 +300,31 @@ class AsyncmyConnection:
     CLIENT_MULTI_STATEMENTS and binds values client-side), so a batch costs one
     round trip, and a deferred ``begin`` rides along with the next one."""
 
-    __slots__ = ("_begin", "_kill", "_raw", "_restore", "server_session")
+    __slots__ = ("_begin", "_kill", "_origin", "_prepared", "_raw", "_restore", "server_session")
 
-    def __init__(self, raw: Any, kill: Killer, server_session: str, restore: Restore) -> None:
+    def __init__(
+        self, raw: Any, kill: Killer, server_session: str, restore: Restore, origin: Origin
+    ) -> None:
         self._raw = raw
+        self._prepared = Prepared(raw)
         self._kill = kill
         self.server_session = server_session
         self._restore = restore
+        self._origin = origin
         # Statements to send ahead of the next batch.
         self._begin: DeferredBegin[tuple[str, ...]] = DeferredBegin()
+        raw._proto._closed_waiter.add_done_callback(self._ended)
 
     @property
     def is_closed(self) -> bool:
         # connected stays True after the peer closed the socket; the stream knows.
         return not self._raw.connected or bool(self._raw._stream_broken)
+
+    @property
+    def is_stale(self) -> bool:
+        # Another connection to the same host was lost since this one was
+        # opened: the pool replaces it rather than hand it out.
+        return self._origin.outdated
 
     @property
     def in_transaction(self) -> bool:
@@ -286,29 +336,33 @@ class AsyncmyConnection:
         if self._begin.pending is not None:
             return (await self.execute_batch((query,)))[0]
         # One statement, the usual case, goes without the batch's bookkeeping
-        # and without a cursor: the connection's own query call, whose
-        # result the cursor would only copy. (Nor does it fetch the
+        # and without a cursor: with parameters, as a prepared statement
+        # (see asyncmy_prepared), else the connection's own query call,
+        # whose result the cursor would only copy. (Nor does it fetch the
         # statement's warnings with a SHOW WARNINGS round trip, to log them,
         # as the cursor does: aiofragno raises errors, and runs in strict
         # mode, where what would lose data is an error.)
         raw = self._raw
-        await raw.query(_bind(*query))
-        result = raw._result
-        raw.server_status = result.server_status  # (see _keep_status)
-        description = result.description
-        if description is None:
-            read = QueryResult([], result.affected_rows, result.insert_id or None)
-        else:
-            tuples = result.rows
-            index, utc = _columns(description)
-            if utc:
-                tuples = _utc_rows(utc, tuples)
-            # (_rows written out, with a loop: a comprehension is a call of its own.)
-            rows = []
-            for values in tuples:
-                rows.append(Row(index, values))
-            read = QueryResult(rows, len(rows))
-        if result.has_next:
+        sql, parameters = query
+        if changes_parsing[sql]:
+            # (Until the reset that follows, statements go as text, parsed
+            # in the session as it is now: see asyncmy_prepared.)
+            self._prepared.paused = True
+        elif parameters and not self._prepared.paused:
+            try:
+                values = binary_values(parameters)  # (checked before anything is sent)
+            except GoesAsText:
+                values = None
+            if values is not None:
+                statement = self._prepared.statements.get(sql)
+                if statement is None:
+                    statement = await self._prepared.prepare(sql, len(parameters))
+                if statement is not None:
+                    result = await statement.execute(values)
+                    return _query_result(raw, result, binary=True)
+        await raw.query(_bind(sql, parameters))
+        read = _query_result(raw, raw._result, binary=False)
+        if raw._result.has_next:
             # (Text holding more statements: the cursor reads their
             # results too, errors included, so that the next command can go.)
             while raw._result.has_next:
@@ -322,6 +376,9 @@ class AsyncmyConnection:
         if len(queries) == 1 and self._begin.pending is None:
             return [await self.execute_query(queries[0])]
         lead = self._begin.take() or ()
+        for query in queries:  # (see execute_query)
+            if changes_parsing[query.sql]:
+                self._prepared.paused = True
         texts = [*lead, *(_bind(*query) for query in queries)]
         results: list[QueryResult] = []
         skip = len(lead)  # (the lead's own results are not asked for)
@@ -346,6 +403,8 @@ class AsyncmyConnection:
     async def stream(self, query: CompiledQuery, batch_size: int) -> AsyncmyStream:
         if self._begin.pending is not None:
             await self.execute_batch(())  # (the deferred BEGIN, alone)
+        if changes_parsing[query.sql]:  # (see execute_query)
+            self._prepared.paused = True
         cursor = self._raw.cursor(SSCursor)
         await cursor.execute(_bind(*query))
         return AsyncmyStream(self._raw, cursor, batch_size)
@@ -398,6 +457,7 @@ class AsyncmyConnection:
         # current database. Then the connection's own session comes back.
         raw = self._raw
         await raw._execute_command(_COM_RESET_CONNECTION, b"")
+        self._prepared.forget()  # (the server dropped them, whatever comes next)
         await raw._read_ok_packet()
         async with raw.cursor() as cursor:
             await cursor.execute(self._restore.sql)
@@ -406,6 +466,14 @@ class AsyncmyConnection:
             row = await cursor.fetchone()
         _keep_status(raw)
         return bool(row == (1, self._restore.database))
+
+    def _ended(self, _closed: object) -> None:
+        # (asyncmy's protocol resolves this future when the socket closes:
+        # by us — then the connection has dropped its transport first — or
+        # by the server or the network, which makes the other connections
+        # to that host suspect.)
+        if self._raw._transport is not None:
+            self._origin.lost()
 
     async def close(self) -> None:
         if self._raw.connected:
@@ -495,13 +563,15 @@ async def kill_query(
     session: str,
     *,
     tls: tls_.TLS | None = None,
+    server: HostPort | None = None,
 ) -> None:
-    """Stop the statement running on connection ``thread_id``, from a new
-    connection, if that connection still holds the session lock ``session``.
-    The server hands out connection ids afresh after a restart, so the id
-    alone could name someone else's connection by now; the lock names ours."""
+    """Stop the statement running on connection ``thread_id`` of ``server``
+    (default: the URL's first), from a new connection, if that connection
+    still holds the session lock ``session``. The server hands out
+    connection ids afresh after a restart, so the id alone could name
+    someone else's connection by now; the lock names ours."""
     async with asyncio.timeout(options.connect_timeout):
-        killer = await open_raw(url, options, tls)
+        killer = await open_raw(url, options, tls, server)
     try:
         async with killer.cursor() as cursor:
             await cursor.execute(mysql.SESSION_HOLDER_SQL, (session,))
@@ -516,42 +586,89 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
     # Checked (and certificate files read) here, once: a bad setting is a
     # ValidationError before anything is sent.
     tls = tls_.configure(url, options)
-    kill = functools.partial(kill_query, url, options, tls=tls)
+    hosts = hosts_of(url, options)
+    # (The fence's replication set: see mysql.server_role.)
+    replication_set = "mysql:" + ",".join(sorted(describe_host(*s) for s in hosts.servers))
+
+    async def open_server(server: HostPort) -> Any:
+        # asyncmy's connect_timeout covers the TCP connect only, not the handshake.
+        async with asyncio.timeout(options.connect_timeout):
+            return await open_raw(url, options, tls, server)
+
+    async def ask(raw: Any) -> tuple[Any, ...]:
+        async with asyncio.timeout(options.connect_timeout), raw.cursor() as cursor:
+            await cursor.execute(mysql.role_sql(raw.get_server_info()))
+            row: tuple[Any, ...] = await cursor.fetchone()
+        return row
+
+    async def lag(raw: Any) -> float | None:
+        try:
+            async with asyncio.timeout(options.connect_timeout), raw.cursor() as cursor:
+                await cursor.execute(mysql.REPLICA_STATUS_SQL)
+                rows = await cursor.fetchall()
+                columns = [column[0] for column in cursor.description or ()]
+        except asyncmy.errors.OperationalError:
+            return None  # (no privilege to see the replica's status)
+        return mysql.replica_lag(columns, rows)
+
+    probe = Probe(
+        open=open_server,
+        ask=ask,
+        role=lambda row: mysql.server_role(row, replication_set),
+        drop=lambda raw: raw.close(),
+        lag=lag,
+    )
+    choice = HostChoice(url, hosts, probe, follower="replica")
 
     async def connect() -> AsyncmyConnection:
-        # asyncmy's connect_timeout covers the TCP connect only, not the handshake.
+        if choice.needed:
+            raw, server, _ = await choice.choose()
+        else:
+            server = hosts.servers[0]
+            raw = await open_server(server)
         session = f"aiofragno-session-{os.urandom(12).hex()}"
-        async with asyncio.timeout(options.connect_timeout):
-            raw = await open_raw(url, options, tls)
-            try:
-                async with raw.cursor() as cursor:
-                    await cursor.execute(mysql.SESSION_LOCK_SQL, (session,))
-                    (taken,) = await cursor.fetchone()
-            except BaseException:
-                raw.close()
-                raise
+        try:
+            async with asyncio.timeout(options.connect_timeout), raw.cursor() as cursor:
+                await cursor.execute(mysql.SESSION_LOCK_SQL, (session,))
+                (taken,) = await cursor.fetchone()
+        except BaseException:
+            raw.close()
+            raise
         if taken != 1:
             raw.close()
             raise DatabaseError(f"could not take the session lock {session!r} (GET_LOCK: {taken})")
-        return AsyncmyConnection(raw, kill, session, Restore.of(url, session))
+        kill = functools.partial(kill_query, url, options, tls=tls, server=server)
+        restore = Restore.of(url, session)
+        return AsyncmyConnection(raw, kill, session, restore, choice.origin(server))
+
+    def translate_here(exc: BaseException) -> Exception:
+        return choice.read_only_elsewhere(translate(exc))
 
     return PooledDialect(
         name="mysql",
         adapter=mysql.ADAPTER,
         compiler=mysql.create_compiler,
-        translate=translate,
+        translate=translate_here,
         connect=connect,
         options=options,
         pool_size=options.pool_size,
         bound_to_loop=True,
+        servers=choice.servers,
     )
 
 
-async def open_raw(url: DatabaseURL, options: Options, tls: tls_.TLS | None = None) -> Any:
-    """An asyncmy connection with the backend's settings, no session lock
-    taken; over TLS as ``tls`` says (default: as ``options`` say)."""
+async def open_raw(
+    url: DatabaseURL,
+    options: Options,
+    tls: tls_.TLS | None = None,
+    server: HostPort | None = None,
+) -> Any:
+    """An asyncmy connection to ``server`` (default: the URL's first) with
+    the backend's settings, no session lock taken; over TLS as ``tls`` says
+    (default: as ``options`` say)."""
     tls = tls or tls_.configure(url, options)
-    arguments = _arguments(url, options)
+    server = server or url.servers[0]
+    arguments = _arguments(url, options, server)
     if tls.context is None:
         return await asyncmy.connect(**arguments)
     # (Made here rather than by asyncmy.connect, to see its greeting after a failure.)
@@ -563,7 +680,7 @@ async def open_raw(url: DatabaseURL, options: Options, tls: tls_.TLS | None = No
         # asyncmy asks for TLS even of a server whose greeting offered none.
         offers_tls = _offers_tls(raw)
         if not (tls.mode == "prefer" and offers_tls is False):
-            address = f"{arguments['host']}:{arguments['port']}"
+            address = describe_host(server[0], server[1] or 3306)
             error = tls_.failure(exc, address=address, tls=tls, offers_tls=offers_tls)
             if error is not None:
                 raise error from exc
@@ -571,11 +688,12 @@ async def open_raw(url: DatabaseURL, options: Options, tls: tls_.TLS | None = No
     return await asyncmy.connect(**arguments)  # prefer: the server has no TLS
 
 
-def _arguments(url: DatabaseURL, options: Options) -> dict[str, Any]:
+def _arguments(url: DatabaseURL, options: Options, server: HostPort) -> dict[str, Any]:
+    host, port = server
     where = (
-        {"unix_socket": url.unix_socket}
-        if url.unix_socket
-        else {"host": url.host or "localhost", "port": url.port or 3306}
+        {"unix_socket": host}
+        if host.startswith("/")
+        else {"host": host or "localhost", "port": port or 3306}
     )
     return {
         **where,

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
@@ -28,18 +27,16 @@ from ..driver import (
 from ..errors import (
     ConnectionLost,
     DatabaseUnavailable,
-    Error,
     ErrorTable,
     ProgrammingError,
     QueryCanceled,
-    ReadOnlyDatabase,
-    TLSError,
     ValidationError,
 )
-from ..hosts import Hosts, HostStatus, ServerRole, accepts
+from ..host_choice import HostChoice, Origin, Probe, hosts_of
+from ..hosts import ServerRole
 from ..libpq import server_settings
 from ..pool import PooledDialect
-from ..url import DatabaseURL, HostPort, Options, SessionAttrs, describe_host
+from ..url import DatabaseURL, HostPort, Options, describe_host
 
 ERRORS = ErrorTable(
     codes=postgresql.CODES,
@@ -140,29 +137,9 @@ class StatementKinds:
             known.popitem(last=False)
 
 
-class Origin:
-    """The server a connection was opened to: the host's state among the
-    URL's (:class:`~aiofragno.hosts.Hosts`), and whether it still answers
-    a new connection (``answers``, bounded by connect_timeout)."""
-
-    __slots__ = ("answers", "hosts", "server", "state")
-
-    def __init__(
-        self, hosts: Hosts, server: HostPort, answers: Callable[[], Awaitable[bool]]
-    ) -> None:
-        self.hosts = hosts
-        self.server = server
-        self.state = hosts.states[server]
-        self.answers = answers
-
-    def describe(self) -> str:
-        return describe_host(*self.server)
-
-
 class AsyncpgConnection:
     __slots__ = (
         "_closing",
-        "_generation",
         "_kinds",
         "_origin",
         "_raw",
@@ -183,7 +160,6 @@ class AsyncpgConnection:
         self.server_session = server_session
         self._kinds = kinds
         self._origin = origin
-        self._generation = origin.state.generation
         self._closing = False
         raw.add_termination_listener(self._terminated)
 
@@ -191,13 +167,17 @@ class AsyncpgConnection:
         # (asyncpg calls this when the connection ends: closed by us, or
         # lost. A loss makes the other connections to that host suspect.)
         if not self._closing:
-            self._origin.hosts.lost(self._origin.server)
+            self._origin.lost()
 
     @property
     def is_closed(self) -> bool:
-        # Also when another connection to the same host was lost since this
-        # one was opened: the pool then replaces it rather than hand it out.
-        return self._raw.is_closed() or self._generation != self._origin.state.generation
+        return self._raw.is_closed()
+
+    @property
+    def is_stale(self) -> bool:
+        # Another connection to the same host was lost since this one was
+        # opened: the pool replaces it rather than hand it out.
+        return self._origin.outdated
 
     async def _timed_out(self, error: TimeoutError) -> Exception:
         """What a statement that got no reply within command_timeout raises:
@@ -206,7 +186,7 @@ class AsyncpgConnection:
         RST, no FIN), else the timeout itself (a slow statement)."""
         if await self._origin.answers():
             return error
-        self._origin.hosts.lost(self._origin.server)
+        self._origin.lost()
         self._raw.terminate()
         return ConnectionLost(
             f"no reply within command_timeout={self._timeout}s, and "
@@ -371,10 +351,7 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
     # a bad one is a ValidationError before anything is sent.
     settings = server_settings(options)
     tls = tls_.configure(url, options)
-    attrs = options.target_session_attrs or ("read-write" if url.hosts else "any")
-    hosts = Hosts(url.servers, attrs, load_balance=options.load_balance_hosts == "random")
-    # One server, any role: nothing to choose, so nothing to ask at connect.
-    asks_role = hosts.several or attrs != "any"
+    hosts = hosts_of(url, options)
     arguments: dict[str, Any] = {
         "user": url.username or "postgres",
         "database": url.database or None,
@@ -390,7 +367,7 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         # nobody reads ("Future exception was never retrieved", once per
         # cancelled checkout in a cancellation storm): let it finish (it is
         # bounded by connect_timeout) and close what it opened for nobody.
-        opening = asyncio.ensure_future(choose() if asks_role else open_first())
+        opening = asyncio.ensure_future(choose() if choice.needed else open_first())
         try:
             return await asyncio.shield(opening)
         except asyncio.CancelledError:
@@ -418,16 +395,8 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
             raise
         return raw
 
-    async def answers(server: HostPort) -> bool:
-        try:
-            raw = await open_raw(server)
-        except Exception:
-            return False
-        raw.terminate()
-        return True
-
     def wrap(raw: asyncpg.Connection, server: HostPort, session: str) -> AsyncpgConnection:
-        origin = Origin(hosts, server, functools.partial(answers, server))
+        origin = choice.origin(server)
         return AsyncpgConnection(raw, options.command_timeout, session, kinds, origin)
 
     async def open_first() -> AsyncpgConnection:
@@ -440,85 +409,20 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
             raise
         return wrap(raw, server, session)
 
+    async def ask(raw: asyncpg.Connection) -> Any:
+        row = await raw.fetchrow(postgresql.ROLE_SQL, timeout=options.connect_timeout)
+        assert row is not None  # (one row, always)
+        return row
+
+    probe = Probe(open=open_raw, ask=ask, role=_role, drop=asyncpg.Connection.terminate)
+    choice = HostChoice(url, hosts, probe, follower="standby")
+
     async def choose() -> AsyncpgConnection:
-        """A connection to the first host, in :meth:`Hosts.order`, whose
-        server suits target_session_attrs and is not fenced."""
-        refusals: list[str] = []
-        fallback: tuple[asyncpg.Connection, HostPort, str] | None = None
-        try:
-            for server in hosts.order():
-                try:
-                    raw = await open_raw(server)
-                except TLSError:
-                    raise
-                except Exception as exc:
-                    refusals.append(f"{describe_host(*server)}: {type(exc).__name__}: {exc}")
-                    continue
-                try:
-                    row = await raw.fetchrow(postgresql.ROLE_SQL, timeout=options.connect_timeout)
-                    assert row is not None  # (one row, always)
-                except BaseException as exc:
-                    raw.terminate()
-                    if not isinstance(exc, Exception):
-                        raise
-                    refusals.append(f"{describe_host(*server)}: {type(exc).__name__}: {exc}")
-                    continue
-                role = _role(row)
-                why = _unsuitable(hosts, attrs, role)
-                if why is None:
-                    hosts.good(server)
-                    return wrap(raw, server, row["session"])
-                if attrs == "prefer-standby" and fallback is None and why != _FENCED:
-                    fallback = (raw, server, row["session"])
-                else:
-                    raw.terminate()
-                refusals.append(f"{describe_host(*server)}: {why}")
-            if fallback is not None:
-                chosen, fallback = fallback, None
-                hosts.good(chosen[1])
-                return wrap(*chosen)
-        finally:
-            if fallback is not None:
-                fallback[0].terminate()
-        raise _no_server(url, attrs, refusals)
-
-    async def servers() -> list[HostStatus]:
-        """Each server asked afresh (a connection of its own, closed after)."""
-        return [await status(server) for server in hosts.servers]
-
-    async def status(server: HostPort) -> HostStatus:
-        try:
-            raw = await open_raw(server)
-            try:
-                row = await raw.fetchrow(postgresql.ROLE_SQL, timeout=options.connect_timeout)
-                assert row is not None  # (one row, always)
-            finally:
-                raw.terminate()
-        except Exception as exc:
-            return HostStatus(*server, role=None, error=f"{type(exc).__name__}: {exc}")
-        role = _role(row)
-        lag = row["replay_lag"]
-        return HostStatus(
-            *server,
-            role="standby" if role.standby else "primary",
-            read_only=role.read_only,
-            timeline=role.timeline,
-            replay_lag=None if lag is None else float(lag),
-            fenced=not hosts.fence.admits(role),
-        )
+        raw, server, row = await choice.choose()
+        return wrap(raw, server, row["session"])
 
     def translate_here(exc: BaseException) -> Exception:
-        error = translate(exc)
-        if isinstance(error, ReadOnlyDatabase) and hosts.several and attrs in _WRITABLE:
-            # A primary made read-only since we connected (fenced by a
-            # failover tool, or demoted): nothing was written, and another
-            # host may take the work; the connection goes, a new one is chosen.
-            return ConnectionLost(
-                f"{error}; the server turned read-only since this connection was opened: "
-                "choosing another of the URL's hosts",
-                sqlstate=error.sqlstate,
-            )
-        return error
+        return choice.read_only_elsewhere(translate(exc))
 
     return PooledDialect(
         name="postgresql",
@@ -529,49 +433,18 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
         options=options,
         pool_size=options.pool_size,
         bound_to_loop=True,
-        servers=servers,
+        servers=choice.servers,
     )
 
 
-_WRITABLE = ("read-write", "primary")
-_FENCED = (
-    "a read-write server on an older timeline than this process has seen for the same "
-    "cluster: a stale primary (its standby was promoted since), fenced off"
-)
-
-
 def _role(row: Any) -> ServerRole:
+    lag = row["replay_lag"]
     return ServerRole(
         standby=row["standby"],
         read_only=row["read_only"],
         system=row["system"],
         timeline=row["timeline"],
-    )
-
-
-def _unsuitable(hosts: Hosts, attrs: SessionAttrs, role: ServerRole) -> str | None:
-    """Why a server of ``role`` is not used, or None when it is."""
-    if not hosts.fence.admits(role):
-        return _FENCED
-    if accepts(attrs, role):
-        return None
-    kind = "a standby" if role.standby else "read-only" if role.read_only else "a primary"
-    return f"{kind}, not what target_session_attrs={attrs} asks for"
-
-
-def _no_server(url: DatabaseURL, attrs: SessionAttrs, refusals: list[str]) -> Error:
-    """The error when no host gave a suitable connection: ReadOnlyDatabase
-    for a single server that answered but refuses writes (waiting would not
-    change it), else DatabaseUnavailable (retried until reconnect_deadline:
-    a standby may be promoted meanwhile)."""
-    listed = "; ".join(refusals)
-    if not url.hosts and attrs in _WRITABLE and "not what" in listed:
-        return ReadOnlyDatabase(
-            f"{url.describe()} refuses writes ({listed}); point the URL at the primary, or "
-            "list the primary and its standbys (host1:port1,host2:port2) to follow failovers"
-        )
-    return DatabaseUnavailable(
-        f"no server of {url.describe()} is usable with target_session_attrs={attrs}: {listed}"
+        replay_lag=None if lag is None else float(lag),
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from .. import runtime
 from ..dialects import sqlite
 from ..driver import (
+    ROLLBACK,
     CompiledQuery,
     DeferredBegin,
     IsolationLevel,
@@ -135,6 +136,15 @@ def _reads_only(sql: str) -> bool:
     return leading_keyword(sql) in _READS
 
 
+def _batch_reads_only(queries: Sequence[CompiledQuery]) -> bool:
+    """Whether ``queries`` only read: reads alone, or reads in a snapshot
+    (the dialect's read-only BEGIN, then reads, then ROLLBACK), which takes
+    no write lock."""
+    if len(queries) > 2 and queries[0].sql == sqlite.READ_SNAPSHOT and queries[-1] == ROLLBACK:
+        queries = queries[1:-1]
+    return all(_reads_only(query.sql) for query in queries)
+
+
 T = TypeVar("T")
 # Runs on the sqlite3 connection's own thread.
 Call = Callable[[sqlite3.Connection], T]
@@ -159,6 +169,9 @@ class SqliteConnection(ABC):
 
     # In-process: a connection that breaks leaves nothing running elsewhere.
     server_session = None
+
+    # (In-process: there is no server to lose.)
+    is_stale = False
 
     @property
     def is_closed(self) -> bool:
@@ -202,7 +215,7 @@ class SqliteConnection(ABC):
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
     ) -> list[QueryResult]:
         call = partial(run_batch, queries=queries, stop=stop, begin=self._begin.take())
-        if self._holds_gate or all(_reads_only(query.sql) for query in queries):
+        if self._holds_gate or _batch_reads_only(queries):
             return await self._interruptible(call)
         await self._gate.acquire()
         try:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
+from typing import Any
 from uuid import UUID
 
 from ..brief import brief
@@ -14,6 +16,7 @@ from ..driver import (
     DdlSpec,
     DialectAdapter,
     IsolationLevel,
+    ReplicationSql,
     SqlSnippets,
     StaleGuard,
     StorageProfile,
@@ -36,6 +39,7 @@ from ..errors import (
     UniqueViolation,
     ValidationError,
 )
+from ..hosts import ServerRole
 from ..sql import Json, SqlCompiler, unicode_text
 from .common import (
     SessionChanges,
@@ -45,6 +49,83 @@ from .common import (
     utc_naive,
     uuid_bytes,
 )
+from .gtid import DomainPosition, GtidSet
+
+# What a server is (aiofragno.hosts.ServerRole), asked at connect when the
+# URL names several servers or target_session_attrs asks for a kind: whether
+# it refuses writes (read_only — root's READ_ONLY ADMIN / SUPER writes
+# through it, an application's user does not — or InnoDB read-only), its
+# server id and GTID history, whether it replicates (MariaDB: its running
+# replica SQL threads; MySQL 8: its running applier channels). Each
+# variable read is in memory; the status table is the server's counters.
+MARIADB_ROLE_SQL = (
+    "SELECT @@read_only, @@innodb_read_only, @@server_id, @@gtid_binlog_state, "
+    "(SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS "
+    "WHERE VARIABLE_NAME = 'SLAVES_RUNNING')"
+)
+MYSQL_ROLE_SQL = (
+    "SELECT @@read_only OR @@super_read_only, @@innodb_read_only, @@server_uuid, "
+    "@@gtid_executed, (SELECT COUNT(*) FROM performance_schema.replication_applier_status "
+    "WHERE SERVICE_STATE = 'ON')"
+)
+# A replica's lag: Seconds_Behind_Master (MariaDB; MySQL 8's
+# Seconds_Behind_Source), NULL while it is not connected to its primary. Needs
+# MariaDB's SLAVE MONITOR or MySQL's REPLICATION CLIENT privilege.
+REPLICA_STATUS_SQL = "SHOW SLAVE STATUS"
+_LAG_COLUMNS = ("Seconds_Behind_Master", "Seconds_Behind_Source")
+
+
+def role_sql(server_version: str) -> str:
+    """The role query for the server whose handshake said ``server_version``."""
+    return MARIADB_ROLE_SQL if "MariaDB" in server_version else MYSQL_ROLE_SQL
+
+
+def server_role(row: Sequence[Any], replication_set: str) -> ServerRole:
+    """The role query's ``row`` as a :class:`~aiofragno.hosts.ServerRole`.
+
+    MariaDB and MySQL have no timeline, the fence's measure of promotions:
+    its stand-in here is the number of servers that have written the GTID
+    history a server holds (MariaDB's ``gtid_binlog_state`` keeps the last
+    GTID of each server id; MySQL's ``gtid_executed`` names each server's
+    uuid), counting the server itself when it takes writes. A promoted
+    replica has its old primary's writes and its own: one writer more than
+    the old primary, which, coming back, holds its own writes only — and is
+    fenced off. The limit: a server promoted a second time (after it
+    followed the new primary, whose writes it then holds) adds no writer,
+    so only the first promotion among the same servers is fenced for. The
+    fence keeps what it saw per ``replication_set`` (the URL's hosts): the
+    servers carry no identity of their set, as PostgreSQL's system
+    identifier is."""
+    read_only, innodb_read_only, server_id, history, replicating = row
+    writers = _writers(str(history or ""))
+    replica = int(replicating or 0) > 0
+    refuses = bool(int(read_only)) or bool(int(innodb_read_only))
+    if not (refuses or replica):
+        writers.add(str(server_id))
+    return ServerRole(
+        standby=replica,
+        read_only=refuses or replica,
+        system=replication_set,
+        timeline=len(writers),
+    )
+
+
+def _writers(history: str) -> set[str]:
+    """The servers that wrote a GTID history: the server ids of MariaDB's
+    ``domain-server-sequence`` entries, the uuids of MySQL's ``uuid:ranges``."""
+    entries = [entry.strip() for entry in history.split(",") if entry.strip()]
+    return {entry.partition(":")[0] if ":" in entry else entry.split("-")[1] for entry in entries}
+
+
+def replica_lag(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> float | None:
+    """A replica's lag in seconds from :data:`REPLICA_STATUS_SQL`'s result:
+    None when it is no replica or not connected to its primary."""
+    if not rows:
+        return None
+    status = dict(zip(columns, rows[0], strict=False))
+    lag = next((status[name] for name in _LAG_COLUMNS if name in status), None)
+    return None if lag is None else float(lag)
+
 
 SESSION_LOCK_SQL = "SELECT GET_LOCK(%s, 0)"
 # The id of the connection holding a session lock; NULL once that one is gone.
@@ -94,6 +175,33 @@ CATALOG = CatalogSql(
     null_default="NULL",
 )
 
+# Read replicas (aiofragno.replicas) through GTIDs. The position after a
+# commit is the server's whole executed GTID state (read on the connection
+# that committed, so it includes the commit); a replica waits for it on
+# its own (MASTER_GTID_WAIT / WAIT_FOR_EXECUTED_GTID_SET) instead of being
+# polled. The lag is the replica's Seconds_Behind_Master, in whole seconds:
+# 0 is "less than one", NULL (replication stopped, or not connected) unknown.
+MARIADB_REPLICATION = ReplicationSql(
+    position="SELECT @@GLOBAL.gtid_binlog_pos AS position",
+    # (One row per source; none on a server that is not a replica. ALL:
+    # the only form that shows Gtid_Slave_Pos.)
+    state="SHOW ALL SLAVES STATUS",
+    state_position="Gtid_Slave_Pos",
+    state_lag="Seconds_Behind_Master",
+    parse=DomainPosition.parse,
+    wait="SELECT MASTER_GTID_WAIT({position}, {seconds}) = 0 AS reached",
+    server="MariaDB",
+)
+MYSQL_REPLICATION = ReplicationSql(
+    position="SELECT @@GLOBAL.gtid_executed AS position",
+    # (MySQL 8.0.22+; Executed_Gtid_Set is the replica's @@gtid_executed.)
+    state="SHOW REPLICA STATUS",
+    state_position="Executed_Gtid_Set",
+    state_lag="Seconds_Behind_Source",
+    parse=GtidSet.parse,
+    wait="SELECT WAIT_FOR_EXECUTED_GTID_SET({position}, {seconds}) = 0 AS reached",
+)
+
 ADAPTER = DialectAdapter(
     capabilities=Capabilities(
         supports_returning=False,
@@ -114,6 +222,13 @@ ADAPTER = DialectAdapter(
         version_hex="LPAD(LOWER(HEX(CAST({value} AS UNSIGNED))), 20, '0')",
         json_from_text="{x}",
         # (No rows_array: the driver sends a batch in one round trip.)
+        # (A consistent snapshot needs repeatable read, which the server's
+        # default may not be; the snapshot is taken at START TRANSACTION,
+        # and every consistent read of the transaction uses it.)
+        read_snapshot=(
+            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+            "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY",
+        ),
         # (MariaDB's JSON is text and JSON_EXTRACT gives the value's text
         # from the document, which aiofragno wrote compact: compared as
         # bytes, true, 1 and "1" all differ, and so do "a" and "A".)
@@ -124,6 +239,11 @@ ADAPTER = DialectAdapter(
         session_process="SELECT process FROM (SELECT IS_USED_LOCK({session}) AS process) AS s "
         "WHERE process IS NOT NULL",
         end_process="KILL CONNECTION {process}",
+        # (A replica is read_only by convention; innodb_read_only is a
+        # read-only server. Accounts with SUPER / READ ONLY ADMIN may still
+        # write to a read_only server: it is not writable for aiofragno.)
+        writable="SELECT NOT (@@global.read_only OR @@innodb_read_only) AS writable",
+        replication=(MARIADB_REPLICATION, MYSQL_REPLICATION),
         outbox_read_horizon="SELECT {v} FROM {t} WHERE {k} = {key} LOCK IN SHARE MODE",
         # ON DUPLICATE KEY UPDATE fires on the first unique key the row
         # collides on, not only the one named: each assignment applies only

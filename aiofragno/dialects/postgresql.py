@@ -16,6 +16,7 @@ from ..driver import (
     DialectAdapter,
     IsolationLevel,
     OutboxTicksSql,
+    ReplicationSql,
     SqlSnippets,
     StorageProfile,
 )
@@ -47,6 +48,29 @@ from .common import SessionChanges, decimal_param, isolation_sql, json_param
 # seconds, so that no session's TimeZone or DateStyle changes its text.
 SESSION = "CAST(pid AS text) || '@' || CAST(EXTRACT(EPOCH FROM backend_start) AS text)"
 SESSION_SQL = f"SELECT {SESSION} FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+
+# The insert position. When the last record ended exactly at a page's end,
+# that position is past the next page's header (24 bytes; 40 at a segment's
+# start), which a standby reaches only with the next record — on an idle
+# primary, never: so it is taken back to the page boundary (no record ends
+# inside a header).
+WAL_POSITION_SQL = (
+    "SELECT p - CASE WHEN p % pg_size_bytes(current_setting('wal_segment_size')) = 40 THEN 40 "
+    "WHEN p % current_setting('wal_block_size')::bigint = 24 THEN 24 ELSE 0 END AS position "
+    "FROM (SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint AS p) AS insert"
+)
+# The timeline the server writes its WAL on now: a promoted standby's new
+# one as soon as it accepts writes (pg_control_checkpoint's lags until the
+# next checkpoint). On a primary only (an error during recovery).
+TIMELINE_SQL = (
+    "CAST(CAST('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8) AS bit(32)) "
+    "AS int)"
+)
+# Outbox versions numbered on timeline T are above (T - 1) << 48: the first
+# on a new timeline is above all an older one could give (2**48 each), and a
+# server never promoted (timeline 1) numbers as if there were no floor.
+VERSION_FLOOR_BITS = 48
+OUTBOX_VERSION_FLOOR = f"((CAST({TIMELINE_SQL} AS bigint) - 1) << {VERSION_FLOOR_BITS})"
 
 # What a server is (aiofragno.hosts.ServerRole), with the session's name, in
 # one round trip at connect. The timeline: a primary's from the WAL file it
@@ -98,9 +122,10 @@ OUTBOX_TICK = f"""WITH prev AS (
   SELECT count(*) AS total FROM batch
 ), reserved AS (
   INSERT INTO "fragno_db_settings" ("key", "value")
-  SELECT {{key}}, CAST(total AS text) FROM counted WHERE total > 0
-  ON CONFLICT ("key") DO UPDATE SET "value" = CAST(CAST("fragno_db_settings"."value" AS bigint)
-    + CAST(EXCLUDED."value" AS bigint) AS text)
+  SELECT {{key}}, CAST({OUTBOX_VERSION_FLOOR} + total AS text) FROM counted WHERE total > 0
+  ON CONFLICT ("key") DO UPDATE SET "value" = CAST(GREATEST(
+    CAST("fragno_db_settings"."value" AS bigint) + (SELECT total FROM counted),
+    CAST(EXCLUDED."value" AS bigint)) AS text)
   RETURNING CAST("value" AS bigint) AS last
 ), versioned AS (
   INSERT INTO {_VERSIONS_TABLE} ("versionstamp", "entry_id")
@@ -180,6 +205,36 @@ CATALOG = CatalogSql(
     default_casts=r"(?:::[a-z_ ]+(?:\([0-9, ]*\))?(?:\[\])?)+$",
 )
 
+
+class WalPosition(int):
+    """A WAL position, in bytes from 0/0 (a replica has replayed every
+    commit before it once its replay position is at least as far)."""
+
+    __slots__ = ()
+
+    def covers(self, other: WalPosition) -> bool:
+        return self >= other
+
+    def merged(self, other: WalPosition) -> WalPosition:
+        return self if self >= other else other
+
+
+REPLICATION = ReplicationSql(
+    # (The insert position, not the flush position: read right after a
+    # commit it is at or past the commit's record even with
+    # synchronous_commit off; see WAL_POSITION_SQL.)
+    position=WAL_POSITION_SQL,
+    # (Caught up with all it received: no lag. Else the age of the last
+    # transaction it replayed, which overstates the lag after the primary
+    # was idle; a sample, not a promise. Not in recovery: a NULL position.)
+    state="SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::bigint AS position, "
+    "CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 "
+    "ELSE COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - pg_last_xact_replay_timestamp()), 0) "
+    "END::float8 AS lag",
+    parse=WalPosition,
+)
+
+
 ADAPTER = DialectAdapter(
     capabilities=Capabilities(
         supports_returning=True,
@@ -202,6 +257,10 @@ ADAPTER = DialectAdapter(
         json_from_text="CAST({x} AS json)",
         # (An array constructor keeps its subquery's ORDER BY order.)
         rows_array="ARRAY(SELECT ROW({columns}) FROM {rest})",
+        # (Only where the reads are too many to combine into one statement.
+        # Repeatable read takes its snapshot at the first statement and
+        # keeps it; a standby allows it, unlike serializable.)
+        read_snapshot=("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",),
         # (strict: a key on an array is no match, not each element's key;
         # silent: a missing key is NULL, not an error. jsonb compares by
         # type and value.)
@@ -210,17 +269,10 @@ ADAPTER = DialectAdapter(
         session_process=f"SELECT pid AS process FROM pg_stat_activity WHERE {SESSION} = {{session}}",
         end_process="SELECT pg_terminate_backend({process})",
         local_commit="SET LOCAL synchronous_commit = local",
-        # (The insert position, not the flush position: read right after a
-        # commit it is at or past the commit's record even with
-        # synchronous_commit off.)
-        wal_position="SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint AS position",
-        # (Caught up with all it received: no lag. Else the age of the last
-        # transaction it replayed, which overstates the lag after the primary
-        # was idle; a sample, not a promise.)
-        replica_state="SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::bigint AS position, "
-        "CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 "
-        "ELSE COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - pg_last_xact_replay_timestamp()), 0) "
-        "END::float8 AS lag",
+        # (On in recovery and with default_transaction_read_only: outside a
+        # transaction, the session's default.)
+        writable="SELECT current_setting('transaction_read_only') = 'off' AS writable",
+        replication=(REPLICATION,),
         # (The settings table holds the counter row; this mode lets readers and
         # row-share lockers through, and waits for — then holds off — writers.)
         outbox_snapshot_lock='LOCK TABLE "fragno_db_settings" IN SHARE ROW EXCLUSIVE MODE',
@@ -233,6 +285,7 @@ ADAPTER = DialectAdapter(
             lock=f"SELECT TRUE AS taken FROM pg_advisory_xact_lock({_TICK_LOCK})",
             tick=OUTBOX_TICK,
         ),
+        outbox_version_floor=OUTBOX_VERSION_FLOOR,
     ),
     commit=CommitPlanChoice(
         "one-committing-statement",

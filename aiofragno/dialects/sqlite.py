@@ -43,6 +43,10 @@ from .common import SessionChanges, json_param, uuid_bytes
 # The SQLite library version from which RETURNING is understood.
 RETURNING_SINCE = (3, 35, 0)
 
+# Begins a transaction of reads only (see SqlSnippets.read_snapshot): it
+# takes no write lock, so it runs beside the writer, outside the write gate.
+READ_SNAPSHOT = "BEGIN DEFERRED"
+
 # The catalog, through the pragma functions (a database has no schemas:
 # {schema} is not used). An INTEGER PRIMARY KEY is the rowid: never NULL.
 CATALOG = CatalogSql(
@@ -83,6 +87,10 @@ _BASE = DialectAdapter(
         version_hex="printf('%020x', CAST({value} AS INTEGER))",
         json_from_text="{x}",
         # (No rows_array: the driver sends a batch in one round trip.)
+        # (A deferred transaction takes no lock until its first read, which
+        # starts its read transaction: in WAL mode the snapshot it reads
+        # until COMMIT.)
+        read_snapshot=(READ_SNAPSHOT,),
         # "UNIQUE constraint failed: table.a, table.b": columns, not the index.
         unique_violation=r"UNIQUE constraint failed: (?P<columns>[^\[]+?)(?: \[|$)",
         # (SUM of integers fails with "integer overflow" past 64 bits: then

@@ -12,7 +12,7 @@ from ..transaction import outside_transactions
 from .entry import OutboxEntry, entries_from_rows
 from .tables import PRUNED_KEY, VERSION_KEY
 from .ticks import sources, tick_if_due
-from .versionstamp import MAX_INDEX, versionstamp
+from .versionstamp import MAX_INDEX, version_of, versionstamp
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -145,6 +145,24 @@ async def holds(db: Engine, stamp: str) -> bool:
         " UNION ALL ",
     )
     return bool(await db.fetch(found))
+
+
+async def passed_by_promotion(db: Engine, stamp: str) -> bool:
+    """Whether reading on after ``stamp``, an entry the outbox does not hold,
+    skips nothing it holds, because a promotion lost it: ``stamp`` is at or
+    below the version floor the server numbers above now
+    (:attr:`SqlSnippets.outbox_version_floor
+    <aiofragno.driver.SqlSnippets.outbox_version_floor>`), and the first
+    entry after it, if any, is above that floor — numbered since. False
+    where versions have no floor."""
+    floor_sql = db.adapter.sql.outbox_version_floor
+    if floor_sql is None:
+        return False
+    floor = int(await db.fetch_value(db.raw(f"SELECT {floor_sql}"), int))
+    if version_of(stamp) > floor:
+        return False
+    following = await read_entries(db, stamp, 1)
+    return not following or version_of(following[0].versionstamp) > floor
 
 
 async def read_bound(db: Engine) -> str | None:

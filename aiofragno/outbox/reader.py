@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ..errors import ValidationError
@@ -18,6 +19,7 @@ from .retention import BATCH_SIZE, KEEP_FOR, KEEP_LAST, Retention
 from .retention import horizon as read_horizon
 from .retention import prune as prune_entries
 from .retention import run_pruner as prune_every
+from .riding import ride_out
 from .ticks import sources, tick
 from .versionstamp import check_versionstamp
 
@@ -45,15 +47,19 @@ class OutboxReader:
         a notification (LISTEN, on a connection of its own opened the first
         time it waits), and in any case it reads again every
         ``poll_interval`` seconds. Runs until cancelled or until you stop
-        iterating. :class:`~aiofragno.OutboxCursorPruned` if entries after
-        ``after`` were pruned."""
+        iterating. A lost connection (a failover) is ridden out as a
+        consumer's is: each read again until ``reconnect_deadline``, then
+        :class:`~aiofragno.errors.DatabaseUnavailable`.
+        :class:`~aiofragno.OutboxCursorPruned` if entries after ``after``
+        were pruned."""
         if after is not None:
             check_versionstamp(after)
         check_limit(batch_size, "batch_size")
         waiter = CommitWaiter(self._db)
         try:
             while True:
-                entries = await read_entries(self._db, after, batch_size)
+                read = partial(read_entries, self._db, after, batch_size)
+                entries = await ride_out(self._db, "the outbox tail", read)
                 for entry in entries:
                     yield entry
                 if entries:

@@ -11,7 +11,9 @@ previous tick's snapshot the counter's next versions, in entry id order
 What readers get is what the counter gives, once ticked:
 
 - versions are consecutive: each tick takes the next ones from the
-  counter row, and commits them with its snapshot, or neither;
+  counter row, and commits them with its snapshot, or neither — but for
+  one jump at a promotion, the first tick on the new timeline starting
+  above the version floor (see :mod:`.writer`);
 - no entry appears behind a version a reader has passed: a tick only
   versions entries that committed before its snapshot, every later tick
   versions above it, and ticks run one at a time;

@@ -1,6 +1,8 @@
 """Versionstamps: a 10-byte big-endian commit version and a 2-byte big-endian
 index within the commit, written as 24 lowercase hex digits, so that string
-order is commit order."""
+order is commit order. On PostgreSQL a version numbered on timeline T
+(after T - 1 promotions) is above ``(T - 1) << 48`` (see
+:attr:`~aiofragno.driver.SqlSnippets.outbox_version_floor`)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,11 @@ polling ``versionstamp > cursor`` never skips an entry that commits later
 (on MySQL only up to the counter's version read under a shared lock:
 :attr:`SqlSnippets.outbox_read_horizon
 <aiofragno.driver.SqlSnippets.outbox_read_horizon>`, see
-:func:`.queries.horizon`).
+:func:`.queries.horizon`). Where a standby can be promoted (PostgreSQL),
+the reservation is also above the server's version floor
+(:attr:`SqlSnippets.outbox_version_floor
+<aiofragno.driver.SqlSnippets.outbox_version_floor>`): the one jump, at a
+promotion, past every version the old primary could have given.
 """
 
 from __future__ import annotations
@@ -45,6 +49,16 @@ _RESERVE = {
         "INSERT INTO {t} ({k}, {v}) VALUES ({key}, @aiofragno_version := 1) "
         "ON DUPLICATE KEY UPDATE {v} = "
         "LAST_INSERT_ID(@aiofragno_version := CAST({v} AS UNSIGNED) + 1)"
+    ),
+}
+# The reservation where versions have a floor (SqlSnippets.outbox_version_floor,
+# {floor}): above the counter and above the floor — the floor's only in the
+# new row, so it is evaluated once per reservation.
+_RESERVE_ABOVE_FLOOR = {
+    "insert-on-conflict-returning": (
+        "INSERT INTO {t} ({k}, {v}) VALUES ({key}, CAST({floor} + 1 AS TEXT)) "
+        "ON CONFLICT ({k}) DO UPDATE SET {v} = CAST(GREATEST(CAST({t}.{v} AS BIGINT) + 1, "
+        "CAST(EXCLUDED.{v} AS BIGINT)) AS TEXT) RETURNING {v}"
     ),
 }
 # The version just reserved, as the statement after the reservation sees it.
@@ -311,7 +325,19 @@ def _parts(adapter: DialectAdapter, names: dict[str, Any]) -> tuple[Fragment, Fr
         ),
     )
     insert = sql_using(_INSERT, **names, **_UNBOUND, payload_json=payload, version=version)
-    return sql_using(_RESERVE[strategy], **names), insert
+    return _reserve(adapter, names), insert
+
+
+def _reserve(adapter: DialectAdapter, names: dict[str, Any]) -> Fragment:
+    """The statement reserving the next version: the counter's plus one, or
+    the floor's where that is higher (after a promotion)."""
+    strategy = adapter.outbox_version_strategy
+    floor = adapter.sql.outbox_version_floor
+    if floor is None:
+        return sql_using(_RESERVE[strategy], **names)
+    if strategy not in _RESERVE_ABOVE_FLOOR:
+        raise ValueError(f"the {strategy!r} outbox counter has no version floor")
+    return sql_using(_RESERVE_ABOVE_FLOOR[strategy], **names, floor=Fragment((floor,)))
 
 
 def _returning(adapter: DialectAdapter) -> str:

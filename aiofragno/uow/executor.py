@@ -33,6 +33,7 @@ from .outcomes import Outcome, classify
 from .plans import Phase, resolving
 from .records import key_statement, key_taken, new_nonce, settle
 from .retry import ExponentialBackoff, RetryPolicy
+from .snapshot import read_in_snapshot
 from .unit import UnitOfWork
 
 if TYPE_CHECKING:
@@ -97,8 +98,9 @@ class HeldConnection:
             await self.db.release(session)
 
     async def read(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
-        """The reads, in order — all again on a fresh connection if this one is
-        lost (reads have no effects)."""
+        """The reads, in order, all from one snapshot (:mod:`.snapshot`) — all
+        again on a fresh connection if this one is lost (reads have no
+        effects)."""
         try:
             return await self._read_all(queries)
         except (ConnectionLost, DatabaseUnavailable) as exc:
@@ -111,7 +113,7 @@ class HeldConnection:
     async def _read_all(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
         session = await self.get()
         try:
-            return await session.execute_batch(queries)
+            return await read_in_snapshot(session, self.db.adapter.sql.read_snapshot, queries)
         except BaseException:
             await self.release()
             raise

@@ -4,9 +4,9 @@ loading; each occurrence of a joined row is a dict of its own).
 
 ``af.one("src")`` follows a reference column of the row to the row it names
 (many-to-one): that row as a dict, or None where the reference is NULL. (A
-reference whose row the join's read does not find — a concurrent write
-between the find's reads, where they are separate statements — is a
-conflict: the unit runs again.) ``af.many("transfers", by="src")`` follows a
+reference always finds its row: the find and its joins read one snapshot,
+see :mod:`.snapshot`; were one missing, the attempt would be a conflict,
+never a None.) ``af.many("transfers", by="src")`` follows a
 reference backwards (one-to-many): the rows of ``transfers`` whose ``src``
 is the row, a list in the join's ``order_by`` (ties: creation order), at
 most ``limit`` per row. Joins nest (``join=`` on a join), :data:`MAX_DEPTH`
@@ -378,9 +378,8 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         ctx.text(") w)")
 
     def accept(self, rows: Sequence[Sequence[Any]]) -> None:
-        # Keyed by external id (a RowId hashes as its text), never reused:
-        # where each read is a statement of its own, a row deleted between
-        # them may have left its internal id to a new one (SQLite).
+        # Keyed by external id (a RowId hashes as its text), never reused,
+        # unlike an internal id (SQLite reuses a deleted row's).
         decoded = list(map(self.table.decode, rows))
         found: dict[str, Any] = {}
         if self.many:
@@ -418,9 +417,10 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
     def _moved(self, ref: Any) -> ConcurrencyConflict:
         """A reference whose row this join's read did not find: the foreign
         key kept the row there while the parent's read saw the reference,
-        so the two reads saw different moments (separate statements, on
-        MySQL and SQLite) — a conflict, and the unit runs again; never a
-        None where the row type says there is a row."""
+        so the two reads saw different moments — which one snapshot per
+        retrieve (:mod:`.snapshot`) rules out. Kept as the last guard: a
+        conflict, and the unit runs again; never a None where the row type
+        says there is a row."""
         return ConcurrencyConflict(
             f"join {self.key!r}: the {self.table.name} row {str(ref)!r} that a row read by "
             "this find references was gone (or no longer matched) when the join read its "

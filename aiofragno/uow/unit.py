@@ -32,8 +32,8 @@ class UnitOfWork:
     """Queue reads, ``await retrieve()`` them, then queue writes.
 
     Reads run when you call :meth:`retrieve` (any number of times; each runs
-    the reads queued since the last one, on one pooled connection, outside any
-    transaction). Writes are checked and compiled when queued, and run after
+    the reads queued since the last one, on one pooled connection, all of
+    them from one snapshot of the database: see :mod:`.snapshot`). Writes are checked and compiled when queued, and run after
     your function returns — all in one transaction, the *mutation phase*.
     ``uow_id`` is the same across retries of the unit (its idempotency key).
     """

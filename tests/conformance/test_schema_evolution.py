@@ -7,6 +7,7 @@ MySQL migration says where it stopped and is resumed."""
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import time
@@ -492,3 +493,126 @@ async def test_an_invalid_index_left_by_a_failed_build_is_built_again(
     )
     assert valid is True
     assert await db.migration_sql(v2, namespace=ns) == []
+
+
+async def test_a_migration_during_an_online_build_neither_deadlocks_nor_fails(
+    db: af.Database, url: str, target: Any, spaces: Namespaces
+) -> None:
+    """PostgreSQL: while one migrator builds an index online (``CREATE INDEX
+    CONCURRENTLY``, which waits for every transaction older than it), others
+    migrate the same table (a new column: ``ALTER TABLE``, which waits for
+    the build's lock) and another namespace. A migration transaction waiting
+    for the build, which waits for it, was a deadlock (40P01) that failed
+    one of them; now a migration waits for running builds before its
+    transaction begins, and all of them succeed."""
+    if db.name != "postgresql":
+        pytest.skip("only PostgreSQL builds outside the migration's transaction")
+    events = [af.Column("n", "bigint")]
+    v1 = af.Schema("big", af.Table("events", *events))
+    layout = spaces.use(db, v1)
+    ns = layout.namespace
+    other = spaces.use(db, v1).namespace
+    await db.migrate(v1, namespace=ns)
+    await db.execute(_fill_sql(db, layout.table("events").identifier, 300_000))
+    v2 = af.Schema("big", af.Table("events", *events, af.Index("by_n", ["n"])))
+    more = af.Column("m", "bigint", nullable=True)
+    v3 = af.Schema("big", af.Table("events", *events, more, af.Index("by_n", ["n"])))
+    spaces.use(db, v3, ns)
+    building = af.sql(
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE query LIKE {p} AND state = 'active'",
+        p="CREATE %INDEX CONCURRENTLY%",
+    )
+    async with (
+        af.connect(url, backend=target.backend) as builder,
+        af.connect(url, backend=target.backend) as alterer,
+    ):
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(builder.migrate, v2, namespace=ns))
+                await _until(lambda: db.fetch_value(building))
+                tg.start_soon(functools.partial(alterer.migrate, v3, namespace=ns))
+                tg.start_soon(functools.partial(db.migrate, v3, namespace=other))
+    for namespace in (ns, other):
+        live = (await db.inspect(namespace=namespace)).table("events")
+        assert live is not None and "m" in {c.name for c in live.columns}
+        assert layout.index_name("events", "by_n") in {i.name for i in live.indexes}
+    assert await db.migration_sql(v3, namespace=ns) == []
+
+
+async def _until(check: Any) -> None:
+    """Poll ``check()`` (awaitable) until it is true."""
+    for _ in range(20_000):
+        if await check():
+            return
+        await anyio.sleep(0.005)
+    raise AssertionError("never happened")
+
+
+async def test_a_reviewed_plan_names_the_values_it_binds(
+    db: af.Database, spaces: Namespaces
+) -> None:
+    """A backfill (and a default written into existing rows) is bound, not
+    written into the SQL: the plan shows the value and its id covers it, so
+    a plan reviewed with one value never runs with another."""
+
+    def declared(backfill: str, default: Any) -> af.Schema:
+        return af.Schema(
+            "fill",
+            af.Table(
+                "t",
+                af.Column("label", "string", backfill=backfill),
+                af.Column("at", "timestamp", default=default),
+            ),
+        )
+
+    v1 = af.Schema("fill", af.Table("t", af.Column("label", "string", nullable=True)))
+    layout = spaces.use(db, v1)
+    ns = layout.namespace
+    await db.migrate(v1, namespace=ns)
+    await db.execute(
+        af.sql(
+            "INSERT INTO {t} ({i}, {c}) VALUES ('r1', NULL)",
+            t=layout.table("t").identifier,
+            i=af.Identifier("id"),
+            c=af.Identifier("label"),
+        )
+    )
+    noon = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
+    reviewed = await db.migration_plan(declared("reviewed", noon), namespace=ns)
+    assert "'reviewed'" in reviewed.text()
+    for other in (declared("other", noon), declared("reviewed", noon + dt.timedelta(hours=1))):
+        made = await db.migration_plan(other, namespace=ns)
+        assert made.text() != reviewed.text() and made.id != reviewed.id
+        spaces.use(db, other, ns)
+        with pytest.raises(af.MigrationError, match="refusing to run migration plan"):
+            await db.migrate(other, namespace=ns, plan=reviewed)
+    spaces.use(db, declared("reviewed", noon), ns)
+    await db.migrate(declared("reviewed", noon), namespace=ns, plan=reviewed)
+    [row] = await db.fetch(af.sql("SELECT * FROM {t}", t=layout.table("t").identifier))
+    assert row["label"] == "reviewed"
+
+
+async def test_a_reviewed_plan_runs_only_for_its_declaration(
+    db: af.Database, spaces: Namespaces
+) -> None:
+    """Two declarations whose migrations run the same statements — they
+    differ in a default that the client writes, not the database — still
+    make plans of different ids: a plan runs for the declaration it was
+    made for, whose hash it records."""
+
+    def declared(default: bytes) -> af.Schema:
+        return af.Schema("hashed", af.Table("t", af.Column("b", "binary", default=default)))
+
+    v1 = declared(b"one")
+    layout = spaces.use(db, v1)
+    ns = layout.namespace
+    await db.migrate(v1, namespace=ns)
+    reviewed = await db.migration_plan(declared(b"two"), namespace=ns)
+    other = await db.migration_plan(declared(b"three"), namespace=ns)
+    assert reviewed.statements == other.statements
+    assert reviewed.id != other.id
+    with pytest.raises(af.MigrationError, match="another declaration"):
+        await db.migrate(declared(b"three"), namespace=ns, plan=reviewed)
+    assert (await db.migrate(declared(b"two"), namespace=ns, plan=reviewed)).version == 2
+    [stored] = await setting(db, f"{ns}.schema_hash")
+    assert stored == declared(b"two").fingerprint

@@ -226,6 +226,44 @@ async def test_session_settings_do_not_outlive_their_connection_use(
     assert solo.stats.session_resets >= len(SETTINGS[solo.name]) - len(OUTSIDE_ONLY)
 
 
+async def test_statements_with_values_run_alike_after_a_session_reset(solo: af.Database) -> None:
+    """A reset drops what the server session held, the driver's prepared
+    statements included (MySQL runs each statement with values as one): the
+    same statements run on the reset connection as before, every time."""
+    connection_id = CONNECTION_ID.get(solo.name, "SELECT NULL")
+    first = await solo.fetch_value(af.sql(connection_id))
+    statements = [
+        af.sql("SELECT {a} AS a", a="x"),
+        af.sql("SELECT {a} AS a, {b} AS b", a="y", b="z"),
+    ]
+    expected = [{"a": "x"}, {"a": "y", "b": "z"}]
+    resets = solo.stats.session_resets
+    for change, _ in SETTINGS[solo.name]:
+        for _ in range(2):
+            assert [dict(await solo.fetch_one(s) or {}) for s in statements] == expected
+        await solo.execute(af.sql(change))
+    assert [dict(await solo.fetch_one(s) or {}) for s in statements] == expected
+    assert solo.stats.session_resets - resets == len(SETTINGS[solo.name])
+    assert await solo.fetch_value(af.sql(connection_id)) == first  # reset, not replaced
+
+
+async def test_mysql_a_mode_set_in_a_transaction_applies_to_statements_prepared_before(
+    solo: af.Database,
+) -> None:
+    """MySQL: a statement with values, prepared on the connection before a
+    transaction changed the sql_mode, is parsed under the new mode there
+    (as its text would be), and under aiofragno's again after the reset."""
+    if solo.name != "mysql":
+        pytest.skip("sql_mode and prepared statements are MySQL's")
+    query = af.sql("SELECT CONCAT({a} || {b}) AS v", a="1", b="0")
+    assert await solo.fetch_value(query) == "1"  # (|| is OR)
+    async with solo.transaction() as tx:
+        assert await tx.fetch_value(query) == "1"
+        await tx.execute(af.sql("SET SESSION sql_mode = CONCAT(@@sql_mode, ',PIPES_AS_CONCAT')"))
+        assert await tx.fetch_value(query) == "10"
+    assert await solo.fetch_value(query) == "1"
+
+
 async def test_plain_statements_and_units_do_not_reset_the_session(
     solo: af.Database, namespaces: Namespaces
 ) -> None:

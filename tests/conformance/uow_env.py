@@ -210,3 +210,25 @@ class SentBatches:
         failed one is retried statement by statement)."""
         batches, self.batches = self.batches, []
         return any(len(b) == 1 and b[0].startswith("WITH q0 AS") for b in batches)
+
+
+def write_after_first_read(monkeypatch: pytest.MonkeyPatch, env: Env, write: Unit) -> list[bool]:
+    """Make the next batch of reads that has a statement after its first
+    SELECT stop there while ``env`` runs the unit ``write`` (on another
+    connection), then go on. The list returned holds True once that happened
+    (never where each retrieve is one statement: PostgreSQL's combined reads)."""
+    original = Session.execute_batch
+    raced: list[bool] = []
+
+    async def execute_batch(self: Session, queries: Any, stop: Any = None) -> Any:
+        reads = [i for i, q in enumerate(queries) if q.sql.lstrip()[:6].upper() == "SELECT"]
+        if raced or not reads or reads[0] + 1 >= len(queries):
+            return await original(self, queries, stop)
+        raced.append(True)
+        cut = reads[0] + 1
+        head = await original(self, queries[:cut], stop)
+        await env.run(write)
+        return [*head, *await original(self, queries[cut:], stop)]
+
+    monkeypatch.setattr(Session, "execute_batch", execute_batch)
+    return raced

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ... import runtime
 from ...errors import ValidationError
 from ..consumer import MAX_SECONDS, Stop, _flag, _seconds, _stopped
-from ..queries import check_limit, holds, read_entries
+from ..queries import check_limit, holds, passed_by_promotion, read_entries
 from ..riding import ride_out
 from ..versionstamp import check_versionstamp
 from .sink import BrokerSink, OutOfStep, RelayError
@@ -78,17 +78,21 @@ class _Relay:
         """After the broker's newest entry, which must be in the outbox: if
         it is not (the relay points at another database's stream, or the
         database was restored from before it), entries reusing its
-        versions would be skipped."""
+        versions would be skipped — unless a promotion lost it and the
+        entries numbered since are above it (:func:`passed_by_promotion`)."""
         last = await self.sink.last_published()
         if last is None:
             return self.after
-        if not await ride_out(self.db, "the outbox relay", partial(holds, self.db, last)):
+        if not await ride_out(self.db, "the outbox relay", partial(self._resumable, last)):
             raise RelayError(
                 f"the broker's newest entry, {last}, is not in this database's outbox: "
                 "is the relay pointed at the right stream (or was the database restored "
                 "from a backup older than the stream)?"
             )
         return last
+
+    async def _resumable(self, last: str) -> bool:
+        return await holds(self.db, last) or await passed_by_promotion(self.db, last)
 
     async def run(self, poll_interval: float, until_caught_up: bool, stop: Stop) -> int:
         cursor = await self.resume_point()

@@ -211,7 +211,7 @@ def _check_pageable(table: TableInfo, order: tuple[tuple[str, bool], ...]) -> No
             )
 
 
-def _order(table: TableInfo, order_by: Any) -> tuple[tuple[str, bool], ...]:
+def parse_order(table: TableInfo, order_by: Any) -> tuple[tuple[str, bool], ...]:
     """((column, descending), ...) from a name, a (name, direction) pair, or a list of those."""
     if order_by is None:
         return ()
@@ -275,7 +275,7 @@ class ReadRows(RetrievalOp[ResultT]):
             self.equal = equalities(where)
         else:
             self.where = where_expr(where)
-        self.order = () if order_by is None else _order(table, order_by)
+        self.order = () if order_by is None else parse_order(table, order_by)
         if limit is not None:
             _check_pageable(table, self.order)
         self.limit = 1 if first else limit

@@ -77,9 +77,8 @@ class RowId(str):
         table: TableIdentity | None = None,
     ) -> RowId:
         row_id = str.__new__(cls, external_id)  # (not super(): one RowId per row read)
-        row_id.version = version
-        row_id.internal_id = internal_id
-        row_id.table = table
+        # (One dict assigned costs half of three attributes set one by one.)
+        row_id.__dict__ = {"version": version, "internal_id": internal_id, "table": table}
         return row_id
 
     def __repr__(self) -> str:

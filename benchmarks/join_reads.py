@@ -33,6 +33,15 @@ per backend (median of the per-round ratios, and their range); JSON in
 
     python -m benchmarks.join_reads [--backend all] [--accounts 1] [--reads 1000] [--rounds 5] \\
         [--json PATH]
+
+With ``--instructions`` it counts client instructions per read instead
+(callgrind; driver included, server excluded, so the machine's load does
+not move it) of the join and the raw code, as ``benchmarks.unit_instructions``
+does: the data seeded once, then each variant run under ``valgrind
+--tool=callgrind`` for ``SMALL`` and ``LARGE`` reads in a process of its own,
+(large - small) / (LARGE - SMALL) reported.
+
+    python -m benchmarks.join_reads --instructions [--backend all] [--accounts 1] [--json PATH]
 """
 
 from __future__ import annotations
@@ -40,9 +49,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
+import re
 import sqlite3
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -417,8 +430,84 @@ async def run_backend(
     }
 
 
+SMALL, LARGE = 100, 600
+COUNTED = ("join", "raw")
+
+
+async def measured(dialect: str, url: str, page: int, variant: str, reads: int) -> None:
+    """``reads`` reads of ``variant`` on seeded data (the process callgrind counts)."""
+    target = common.Target(dialect, url)
+    async with af.connect(url, pool_size=2) as db:
+        await db.migrate(SCHEMA)
+        if variant == "join":
+            read, close = aiofragno_read(db, page), None
+        else:
+            read, close = await RAW[dialect](target, db, page)
+        owners = [common.owner(i % (ACCOUNTS - page + 1)) for i in range(reads)]
+        try:
+            for owner in owners:
+                await read(owner)
+        finally:
+            if close is not None:
+                await close()
+
+
+def count_instructions(dialect: str, url: str, page: int, variant: str, reads: int) -> int:
+    """Total client instructions callgrind counts for :func:`measured`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        command = [
+            "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+            sys.executable, "-m", "benchmarks.join_reads", "--measure", variant,
+            "--backend", dialect, "--url", url, "--accounts", str(page), "--reads", str(reads),
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(common.ROOT)}
+        subprocess.run(command, env=env, check=True, capture_output=True, cwd=common.ROOT)
+        summary = re.search(r"^summary: (\d+)", out.read_text(), re.MULTILINE)
+        if summary is None:
+            raise RuntimeError(f"no summary line in {out}")
+        return int(summary[1])
+
+
+async def instructions(args: argparse.Namespace, backends: Sequence[str]) -> None:
+    results: dict[str, dict[str, int]] = {}
+    with tempfile.TemporaryDirectory(prefix="aiofragno-joins-") as tmp:
+        for dialect in backends:
+            async with common.target(dialect, Path(tmp)) as target:
+                if target is None:
+                    continue
+                async with af.connect(target.url, pool_size=2) as db:
+                    await seed(db)
+                per_read = {}
+                for variant in COUNTED:
+                    small, large = (
+                        count_instructions(dialect, target.url, args.accounts, variant, n)
+                        for n in (SMALL, LARGE)
+                    )
+                    per_read[variant] = round((large - small) / (LARGE - SMALL))
+                    print(f"{dialect} {variant}: {per_read[variant]} instructions per read")
+                results[dialect] = per_read
+    common.write_json(
+        args.json or common.default_json_path("join_reads-instructions"),
+        {
+            "benchmark": "join_reads --instructions",
+            "accounts_per_read": args.accounts,
+            "what": "client instructions per read (callgrind; driver included, server "
+            f"excluded): ({LARGE}-read run - {SMALL}-read run) / {LARGE - SMALL}",
+            "results": results,
+            "machine": common.machine_info({}),
+        },
+    )
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.measure is not None:
+        await measured(args.backend, args.url, args.accounts, args.measure, args.reads)
+        return
     backends = common.BACKENDS if args.backend == "all" else (args.backend,)
+    if args.instructions:
+        await instructions(args, backends)
+        return
     results = {}
     with tempfile.TemporaryDirectory(prefix="aiofragno-joins-") as tmp:
         for dialect in backends:
@@ -454,4 +543,7 @@ if __name__ == "__main__":
     parser.add_argument("--reads", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--instructions", action="store_true", help="count with callgrind")
+    parser.add_argument("--measure", choices=COUNTED, help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
     asyncio.run(main(parser.parse_args()))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..brief import brief
-from ..codec import Decode, Encode, ValueCodec
+from ..codec import Encode, ValueCodec
 from ..driver import DialectAdapter, QueryCompiler
 from ..errors import ValidationError
 from ..naming import Layout
@@ -19,10 +19,10 @@ from ..schema import (
     VERSION,
     Column,
     Reference,
-    RowId,
     Table,
     TableIdentity,
 )
+from .row_decoder import Plan, row_decoder
 
 ALIAS = "t"
 
@@ -40,11 +40,6 @@ class ColumnInfo:
     # A RowId of the referenced table may stand for its internal id (see
     # Capabilities.reuses_row_ids).
     trusts_internal_ids: bool = False
-
-
-# Per column: name, position, decoder, and for a reference the position of the
-# referenced row's external id and that table's identity.
-_Plan = tuple[str, int, Decode | None, int | None, TableIdentity | None]
 
 
 class TableInfo:
@@ -120,7 +115,7 @@ class TableInfo:
         quote = catalog.compiler.quote_identifier
         selected = [self.internal_id, f"{ALIAS}.{quote(EXTERNAL_ID)}", f"{ALIAS}.{quote(VERSION)}"]
         joins: list[str] = []
-        plan: list[_Plan] = []
+        plan: list[Plan] = []
         for info in self.columns.values():
             if info.column is None or (names is not None and info.name not in names):
                 continue
@@ -138,7 +133,7 @@ class TableInfo:
             convert = catalog.codec.decoder(info.kind, info.column.arg)
             plan.append((info.name, plan_position, convert, ref_position, info.target_identity))
         source = f"{self.sql_name} {ALIAS}{''.join(joins)}"
-        return ", ".join(selected), source, _decoder(plan, self.identity)
+        return ", ".join(selected), source, row_decoder(plan, self.identity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,27 +143,6 @@ class Selection:
     select_columns: str
     select_from: str
     decode: Callable[[Sequence[Any]], dict[str, Any]]
-
-
-def _decoder(
-    plan: list[_Plan], identity: TableIdentity
-) -> Callable[[Sequence[Any]], dict[str, Any]]:
-    """Row values -> a row dict; each RowId carries the table its internal
-    id belongs to (a reference's, the referenced table)."""
-
-    def decode(values: Sequence[Any]) -> dict[str, Any]:
-        row: dict[str, Any] = {EXTERNAL_ID: RowId(values[1], values[2], values[0], identity)}
-        for name, position, convert, ref_position, target in plan:
-            value = values[position]
-            if value is None:
-                row[name] = None
-            elif ref_position is not None:
-                row[name] = RowId(values[ref_position], None, value, target)
-            else:
-                row[name] = value if convert is None else convert(value)
-        return row
-
-    return decode
 
 
 def _external_id(value: Any) -> Any:

@@ -47,7 +47,7 @@ from ..schema import Table, table_name
 from .catalog import ALIAS, Catalog, TableInfo
 from .compiling import Compiling
 from .expr import Expr, where_expr
-from .ops import Find, FindFirst, ReadRows
+from .ops import Find, FindFirst, ReadRows, RetrievalOp, cached_text, parse_order
 
 MAX_DEPTH = 4
 """How deeply joins may nest (each level one more read, embedding its parents)."""
@@ -157,6 +157,7 @@ class _Node:
         self.key, self.spec, self.table, self.link = key, spec, table, link
         self.children: list[_Node] = []
         self.where: Expr | None = None
+        self.order: tuple[tuple[str, bool], ...] = ()  # a many's order_by
         self.per_parent: int | None = None  # a many's limit
 
 
@@ -234,6 +235,7 @@ def _many(catalog: Catalog, parent: TableInfo, key: str, spec: Many) -> _Node:
     ):
         raise ValidationError(f"join {key!r}: limit must be a positive int, got {brief(limit)}")
     node = _Node(key, spec, table, info.name)
+    node.order = parse_order(table, spec.order_by)
     # (An exact int: its digits go into the text, see Compiling.limit.)
     node.per_parent = None if limit is None else int.__index__(limit)
     return node
@@ -251,31 +253,58 @@ class _CompiledWhenQueued:
 
 class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
     """The read of one join: its table's rows whose key is among those of
-    ``parent``'s rows (``parent`` embedded as a derived table)."""
+    ``parent``'s rows (``parent`` embedded as a derived table).
 
-    def __init__(self, catalog: Catalog, node: _Node, parent: ReadRows[Any]) -> None:
-        spec = node.spec
-        order_by = spec.order_by if isinstance(spec, Many) else None
-        super().__init__(node.table, node.where, order_by, None, None)
+    Compiled without a walk of its parent: its parameters are the parent's
+    (the embedded read binds what the parent's own statement binds, in the
+    same order) and then those of its own ``where``; its text, cached, is
+    keyed by the parent's text — which says all the embedded read's text
+    depends on — and what this read adds to it (see :meth:`_compile`)."""
+
+    def __init__(
+        self, catalog: Catalog, node: _Node, parent: JoinRead | JoinedFind | JoinedFindFirst
+    ) -> None:
+        # (Not ReadRows.__init__: _resolve checked the order, and a join's
+        # read has no limit, cursor or select of its own.)
+        RetrievalOp.__init__(self, node.table)
+        table = node.table
+        self.equal, self.where, self.order = None, node.where, node.order
+        self.limit = self.after = self.select = None
+        self.hidden = ()
+        self.select_columns, self.select_from = table.select_columns, table.select_from
+        self.decode = table.decode
         self.key = node.key
         self.parent = parent
-        self.many = isinstance(spec, Many)
+        self.many = isinstance(node.spec, Many)
         self.link = node.link
         self.per_parent = node.per_parent
-        self.query = ReadRows.compile(self, catalog)
+        self.query = self._compile(catalog, parent.query)
         self.joins = [JoinRead(catalog, child, self) for child in node.children]
         self._found: dict[str, Any] = {}
 
-    def shape(self) -> Any:
-        return (
+    def _compile(self, catalog: Catalog, parent: CompiledQuery) -> CompiledQuery:
+        table = self.table
+        where = self.where
+        params: tuple[Any, ...] = ()
+        signature: tuple[bool, ...] = ()
+        shape = None
+        if where is not None:  # (its values checked and bound here, as in any read)
+            ctx = Compiling(catalog, table, build_text=False)
+            where.render(ctx)
+            params, signature, shape = tuple(ctx.params), tuple(ctx.signature), where.shape()
+        key = (
+            table.name,
             "join",
+            parent.sql,
             self.many,
             self.link,
-            self.parent.table.name,
-            self.parent.shape(),
-            None if self.where is None else self.where.shape(),
             self.order,
             self.per_parent,  # (written into the text: see Compiling.limit)
+            shape,
+            signature,
+        )
+        return CompiledQuery(
+            cached_text(catalog, table, key, self.render), parent.parameters + params
         )
 
     def reads(self) -> list[JoinRead]:
@@ -396,20 +425,34 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
 
     def attach(self, parents: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Set this join on each of ``parents``: fresh dicts (one per
-        occurrence), which it returns for the joins below it."""
+        occurrence: a row that two parents share is taken by the first and
+        copied for the others), which it returns for the joins below it."""
         found = self._found
+        taken: set[str] = set()
         attached: list[dict[str, Any]] = []
         for parent in parents:
             if self.many:
-                rows = [dict(row) for row in found.get(parent["id"], ())]
+                key = parent["id"]
+                rows = found.get(key)
+                if rows is None:
+                    rows = []
+                elif key in taken:
+                    rows = [dict(row) for row in rows]
+                else:
+                    taken.add(key)
                 parent[self.key] = rows
                 attached += rows
             else:
                 ref = parent[self.link]
                 row = None if ref is None else found.get(ref)
-                if row is None and ref is not None:
-                    raise self._moved(ref)
-                parent[self.key] = row = None if row is None else dict(row)
+                if row is None:
+                    if ref is not None:
+                        raise self._moved(ref)
+                elif ref in taken:
+                    row = dict(row)
+                else:
+                    taken.add(ref)
+                parent[self.key] = row
                 if row is not None:
                     attached.append(row)
         return attached

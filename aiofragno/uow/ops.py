@@ -144,7 +144,25 @@ class FindResult(list[RowT]):
     """The rows of a ``find``; ``cursor`` continues after the last one (pass it
     as ``after=``), or is None when there are no more rows."""
 
-    cursor: str | None = None
+    _cursor: str | None = None
+    # The position after the page (its last row's order values and internal
+    # id, taken when the page was read), encoded as a cursor when first
+    # asked for: most pages read are never continued, and the encoding
+    # costs more than decoding a row.
+    _after: tuple[str, list[Any]] | None = None
+
+    @property
+    def cursor(self) -> str | None:
+        after = self._after
+        if after is not None:
+            payload = tagged_json.dumps({"k": after[0], "v": after[1]})
+            self._cursor = base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
+            self._after = None
+        return self._cursor
+
+    @cursor.setter
+    def cursor(self, cursor: str | None) -> None:
+        self._cursor, self._after = cursor, None
 
 
 class RetrievalOp(ABC, Generic[ResultT]):
@@ -193,7 +211,7 @@ def _check_pageable(table: TableInfo, order: tuple[tuple[str, bool], ...]) -> No
             )
 
 
-def _order(table: TableInfo, order_by: Any) -> tuple[tuple[str, bool], ...]:
+def parse_order(table: TableInfo, order_by: Any) -> tuple[tuple[str, bool], ...]:
     """((column, descending), ...) from a name, a (name, direction) pair, or a list of those."""
     if order_by is None:
         return ()
@@ -257,7 +275,7 @@ class ReadRows(RetrievalOp[ResultT]):
             self.equal = equalities(where)
         else:
             self.where = where_expr(where)
-        self.order = () if order_by is None else _order(table, order_by)
+        self.order = () if order_by is None else parse_order(table, order_by)
         if limit is not None:
             _check_pageable(table, self.order)
         self.limit = 1 if first else limit
@@ -389,7 +407,7 @@ class Find(ReadRows[FindResult[RowT]]):
         page: FindResult[Any] = FindResult(map(self.decode, rows))
         if self.limit is not None and len(page) > self.limit:
             del page[self.limit :]
-            page.cursor = self._cursor_after(page[-1])
+            page._after = self._position_after(page[-1])
         for name in self.hidden:  # (read for the cursor only)
             for row in page:
                 del row[name]
@@ -398,14 +416,13 @@ class Find(ReadRows[FindResult[RowT]]):
     def empty(self) -> None:
         self._result = FindResult()
 
-    def _cursor_after(self, row: dict[str, Any]) -> str | None:
-        for name, _ in self.order:
-            if row[name] is None:
-                return None  # NULLs have no place in a keyset; see find()
+    def _position_after(self, row: dict[str, Any]) -> tuple[str, list[Any]] | None:
+        """What the cursor after ``row`` holds (see FindResult.cursor)."""
         values = [row[name] for name, _ in self.order]
+        if None in values:
+            return None  # NULLs have no place in a keyset; see find()
         values.append(row[EXTERNAL_ID].internal_id)
-        payload = tagged_json.dumps({"k": self._cursor_key(), "v": values})
-        return base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
+        return self._cursor_key(), values
 
 
 class FindFirst(ReadRows[RowT | None]):

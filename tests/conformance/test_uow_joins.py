@@ -372,3 +372,76 @@ async def test_bad_joins_are_refused_at_the_call(shop: Env) -> None:
 
     await shop.run(unit, on_query=queries.append)
     assert queries == []
+
+
+async def test_statements_are_cached_by_shape_never_by_value(shop: Env) -> None:
+    """A join's statement text is cached by the tree's shape: other values
+    (hostile ones too) reuse the text and bind as parameters, never reaching
+    it; each other shape — the join's condition, its limit, its order, a
+    reference given by external id rather than a RowId read here (looked
+    up by a subquery) — has a text of its own and finds its own rows; and
+    the cache stays within its bound."""
+    await seed_transfers(shop)
+    # (RowIds read here: they carry internal ids, which the text binds
+    # directly where the database never reuses them.)
+    ids = {row["owner"]: row["id"] for row in await shop.find("accounts")}
+    a, b, c = ids["alice"], ids["bob"], ids["carol"]
+    trusted = shop.catalog.table("transfers").columns["dst"].trusts_internal_ids
+    hostile = "'; DROP TABLE accounts; --"
+
+    async def read(owner: str, join: Any) -> tuple[list[Any], list[str]]:
+        texts: list[str] = []
+
+        async def unit(uow: af.UnitOfWork) -> Any:
+            rows = uow.find("accounts", where=af.c.owner >= owner, order_by="owner", join=join)
+            await uow.retrieve()
+            return rows.result
+
+        rows = await shop.run(unit, on_query=lambda q: texts.append(q.sql))
+        return [(r["owner"], [t["amount"] for t in r["out"]]) for r in rows], texts
+
+    def out(**options: Any) -> dict[str, Any]:
+        return {"out": af.many("transfers", by="src", **options)}
+
+    # The same shape with other values: the same text.
+    above_4 = out(where=af.c.amount > 4, order_by="amount")
+    found, texts = await read("a", above_4)
+    assert found == [("alice", [5, 7, 7]), ("bob", []), ("carol", [])]
+    found, again = await read(hostile, out(where=af.c.amount > 6, order_by="amount"))
+    assert found == [("alice", [7, 7]), ("bob", []), ("carol", [])]
+    assert again == texts
+    assert all("DROP" not in text for text in texts)
+
+    # Other shapes: each its own text and its own rows.
+    shapes = {
+        "less": (out(where=af.c.amount < 4, order_by="amount"), [[1], [3], []]),
+        "limit 1": (out(where=af.c.amount > 4, order_by="amount", limit=1), [[5], [], []]),
+        "limit 2": (out(where=af.c.amount > 4, order_by="amount", limit=2), [[5, 7], [], []]),
+        "desc": (out(where=af.c.amount > 4, order_by=("amount", "desc")), [[7, 7, 5], [], []]),
+        "no where": (out(order_by="amount"), [[1, 5, 7, 7], [3], []]),
+        "by RowId": (out(where={"dst": b}, order_by="amount"), [[1, 5, 7], [], []]),
+        "by id": (out(where={"dst": str(b)}, order_by="amount"), [[1, 5, 7], [], []]),
+        "to carol": (out(where={"dst": c}, order_by="amount"), [[7], [], []]),
+    }
+    joined = {texts[0]}
+    for name, (join, expected) in shapes.items():
+        found, texts = await read("a", join)
+        assert [amounts for _, amounts in found] == expected, name
+        # ("to carol": the shape of "by RowId", another value; "by id" is
+        # looked up, as the RowId is where internal ids are not trusted.)
+        if name != "to carol" and (name != "by id" or trusted):
+            assert texts[0] not in joined, name
+        joined.add(texts[0])
+    assert str(a) not in "".join(joined) and str(b) not in "".join(joined)
+
+    # Bounded: a page size or a per-parent limit from user input cannot grow it.
+    cache = shop.catalog.sql_cache
+    cache.capacity = 6
+    cache.clear()
+    try:
+        for limit in range(1, 30):
+            found, _ = await read("a", out(order_by="amount", limit=limit))
+            assert found[0] == ("alice", [1, 5, 7, 7][:limit])
+            assert len(cache) <= 6
+    finally:
+        del cache.capacity

@@ -107,18 +107,25 @@ def _columns(
     return index, utc, floats
 
 
-def _utc_rows(
-    positions: tuple[int, ...], tuples: Sequence[tuple[Any, ...]]
+def _fixed_rows(
+    positions: tuple[int, ...],
+    tuples: Sequence[tuple[Any, ...]],
+    fix: Callable[[Any], Any],
 ) -> list[tuple[Any, ...]]:
-    # The session runs in UTC, so DATETIME values are UTC: make them aware.
+    """``tuples`` with ``fix`` applied to their non-NULL values at ``positions``."""
     fixed = []
     for values in tuples:
         row = list(values)
         for i in positions:
-            if isinstance(row[i], datetime):
-                row[i] = row[i].replace(tzinfo=UTC)
+            if row[i] is not None:
+                row[i] = fix(row[i])
         fixed.append(tuple(row))
     return fixed
+
+
+def _utc(value: Any) -> Any:
+    # The session runs in UTC, so DATETIME values are UTC: make them aware.
+    return value.replace(tzinfo=UTC) if isinstance(value, datetime) else value
 
 
 Killer = Callable[[int, str], Awaitable[None]]
@@ -249,9 +256,9 @@ def _query_result(raw: Any, result: Any, *, binary: bool) -> QueryResult:
     tuples = result.rows
     index, utc, floats = _columns(description)
     if utc:
-        tuples = _utc_rows(utc, tuples)
+        tuples = _fixed_rows(utc, tuples, _utc)
     if floats and binary:
-        tuples = _float32_rows(floats, tuples)
+        tuples = _fixed_rows(floats, tuples, float32)
     # (_rows written out, with a loop: a comprehension is a call of its own.)
     rows = []
     for values in tuples:
@@ -267,23 +274,10 @@ async def _read_result(cursor: Any) -> QueryResult:
     return QueryResult(rows, len(rows))
 
 
-def _float32_rows(
-    positions: tuple[int, ...], tuples: Sequence[tuple[Any, ...]]
-) -> list[tuple[Any, ...]]:
-    fixed = []
-    for values in tuples:
-        row = list(values)
-        for i in positions:
-            if row[i] is not None:
-                row[i] = float32(row[i])
-        fixed.append(tuple(row))
-    return fixed
-
-
 def _rows(description: tuple[tuple[Any, ...], ...], tuples: Sequence[tuple[Any, ...]]) -> list[Row]:
     index, utc, _ = _columns(description)
     if utc:
-        tuples = _utc_rows(utc, tuples)
+        tuples = _fixed_rows(utc, tuples, _utc)
     return [Row(index, values) for values in tuples]
 
 

@@ -418,18 +418,16 @@ class Database(Queries):
         ``pg_terminate_backend``, MySQL ``KILL``); on SQLite this returns at once."""
         await end_server_session_reconnecting(self._engine, server_session, give_up_after)
 
-    async def is_healthy(self, *, writable: bool | None = None) -> bool:
+    async def is_healthy(self, *, writable: bool = False) -> bool:
         """True if a connection answers a round trip within ``connect_timeout``
-        and, when writes are expected, the server takes them: a standby, or
-        a server read-only by configuration, is not healthy for a Database
-        that writes. ``writable`` None: writes are expected unless the URL
-        asks for a read-only server (``target_session_attrs`` "read-only",
-        "standby" or "prefer-standby"). Never raises; :meth:`servers` says
-        what each server is."""
+        and, with ``writable=True``, the server takes writes (not a standby,
+        not read-only by configuration): the check for the readiness of a
+        service that writes. Never raises; :meth:`servers` says what each
+        server is."""
         engine = self._engine
         if engine.closed:
             return False
-        check = engine.adapter.sql.writable if self._expects_writes(writable) else None
+        check = engine.adapter.sql.writable if writable else None
         with runtime.move_on_after(self.options.connect_timeout):
             try:
                 session = await engine.acquire(wait=False)
@@ -446,11 +444,6 @@ class Database(Queries):
             except Error:
                 pass
         return False
-
-    def _expects_writes(self, writable: bool | None) -> bool:
-        if writable is not None:
-            return writable
-        return self.options.target_session_attrs not in ("read-only", "standby", "prefer-standby")
 
     async def servers(self) -> list[HostStatus]:
         """Each server the URL names (one, or a primary and its standbys or

@@ -78,4 +78,6 @@ async def test_writes_fail_at_once_reads_go_on(
         assert time.monotonic() - started < DEADLINE / 3, "a write waited as if to reconnect"
         assert db.stats.lost_connection_retries == 0
         assert await db.execute_uow(count, schema=NOTES) == 0
+        # It answers (reads go on), and says it takes no writes.
         assert await db.is_healthy()
+        assert not await db.is_healthy(writable=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -41,6 +40,7 @@ from .errors import (
     ValidationError,
 )
 from .hosts import HostStatus
+from .outbox.ticks import TickState
 from .outbox.writer import EntryStatements, KeyedStatements, OutboxStatements, TickedStatements
 from .queries import Queries, Read, whole_result
 from .resilience import (
@@ -89,10 +89,8 @@ class Engine(Queries):
         self._closed = False
         self._outbox_statements: EntryStatements | None = None
         self._keyed_outbox_statements: EntryStatements | None = None
-        # When this engine last versioned the outbox, and whether it has
-        # committed entries since (aiofragno.outbox.ticks).
-        self.outbox_ticked_at = -math.inf
-        self.outbox_unticked = False
+        # What this engine's ticks have covered (aiofragno.outbox.ticks).
+        self.outbox_ticks = TickState()
         # Connections open for listening (outside the pool), closed with the engine.
         self._listeners: set[Connection] = set()
         # The longest wait between attempts while the database is away: with

@@ -77,7 +77,7 @@ class CommitWaiter:
         if self._woken.is_set():
             # An entry has committed: under ticks the read must tick (waiting
             # for a tick in progress) to see it, however recent the last tick.
-            self._db.outbox_unticked = True
+            self._db.outbox_ticks.commit_seen()
         # (Before the caller reads again: a notification from now on wakes the next wait.)
         self._woken = runtime.Event()
 

@@ -30,13 +30,16 @@ What readers get is what the counter gives, once ticked:
 No one process ticks: every reader ticks before it reads when its engine
 has not ticked for :data:`TICK_INTERVAL` (taking the lock if it is free,
 else reading what the ticker that holds it gives). A reader whose engine
-has committed entries since its last tick, and
+has seen units commit that no finished tick covers yet (its own, or others'
+announced by a notification: :class:`TickState`), and
 :meth:`OutboxReader.find <aiofragno.outbox.OutboxReader.find>`, wait for the
-lock instead, so that they see the units that have committed.
+lock instead, so that they see the units that have committed — also when
+another task of the same engine is ticking right now.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from .. import runtime
@@ -49,6 +52,39 @@ if TYPE_CHECKING:
 
 # A reader ticks first when its engine's last tick is older than this (s).
 TICK_INTERVAL = 0.01
+
+
+class TickState:
+    """One engine's account of its ticks: how many commits it has seen
+    (units it committed, notifications of others'), how many of those a
+    finished tick covers, and when it last ticked.
+
+    A tick covers the commits seen before it began: they were acknowledged
+    before its snapshot. A read while some are not covered waits for the
+    lock and ticks, rather than taking the word of a tick in progress
+    (which may have begun before them) or of the last one."""
+
+    __slots__ = ("covered", "seen", "ticked_at")
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.covered = 0
+        self.ticked_at = -math.inf
+
+    def commit_seen(self) -> None:
+        """A unit has committed an entry (this engine's, or announced):
+        the next read waits for a tick that covers it."""
+        self.seen += 1
+
+    @property
+    def behind(self) -> bool:
+        """Whether a commit seen is not covered by a finished tick."""
+        return self.covered < self.seen
+
+    def finished(self, began_after: int) -> None:
+        """A tick that began after ``began_after`` commits has committed."""
+        self.covered = max(self.covered, began_after)
+        self.ticked_at = runtime.monotonic()
 
 
 async def tick(db: Engine, *, wait: bool = False) -> int | None:
@@ -65,32 +101,29 @@ async def tick(db: Engine, *, wait: bool = False) -> int | None:
         # ticking takes a connection of its own, which could wait for the
         # caller's (a pool of one) and its transaction.
         return None
-    unticked, db.outbox_unticked = db.outbox_unticked, False
-    try:
-        with outside_transactions():
-            async with db.transaction() as tx:
-                taken = await tx.fetch_value(db.raw(ticks.lock if wait else ticks.try_lock))
-                if not taken:
-                    db.outbox_unticked |= unticked
-                    return None
-                versioned = await tx.fetch_value(sql(ticks.tick, key=VERSION_KEY), int)
-    except BaseException:
-        db.outbox_unticked |= unticked
-        raise
-    db.outbox_ticked_at = runtime.monotonic()
+    state = db.outbox_ticks
+    began_after = state.seen
+    with outside_transactions():
+        async with db.transaction() as tx:
+            taken = await tx.fetch_value(db.raw(ticks.lock if wait else ticks.try_lock))
+            if not taken:
+                return None
+            versioned = await tx.fetch_value(sql(ticks.tick, key=VERSION_KEY), int)
+    state.finished(began_after)
     return versioned
 
 
 async def tick_if_due(db: Engine) -> None:
-    """:func:`tick` if this engine has committed entries since its last
-    tick (waiting for the lock: a read sees the units written through the
-    same Database before it), or has not ticked in the last
+    """:func:`tick` if this engine has seen units commit that no finished
+    tick covers (waiting for the lock: a read sees the units written through
+    the same Database before it), or has not ticked in the last
     :data:`TICK_INTERVAL`."""
     if db.adapter.sql.outbox_ticks is None:
         return
-    if db.outbox_unticked:
+    state = db.outbox_ticks
+    if state.behind:
         await tick(db, wait=True)
-    elif runtime.monotonic() - db.outbox_ticked_at >= TICK_INTERVAL:
+    elif runtime.monotonic() - state.ticked_at >= TICK_INTERVAL:
         await tick(db)
 
 

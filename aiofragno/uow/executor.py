@@ -176,7 +176,7 @@ async def run_mutations(
         if stamp is None:
             # Versioned by a tick (outbox.ticks), which this engine's next
             # read then waits for, so that it reads its own units.
-            db.outbox_unticked = True
+            db.outbox_ticks.commit_seen()
 
 
 def _writes(ops: Sequence[MutationOp]) -> bool:

@@ -178,7 +178,7 @@ async def committed(
             raise already_applied(uow.uow_id, record.versionstamp)
         if db.outbox_strategy == "ticks":
             # As after a COMMIT that answered: known from a tick, not now.
-            db.outbox_unticked = True
+            db.outbox_ticks.commit_seen()
         else:
             uow.versionstamp = record.versionstamp
         return True

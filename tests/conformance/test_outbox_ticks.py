@@ -316,6 +316,43 @@ async def test_ticks_from_two_readers_at_once(env: Env, url: str, target: Target
     assert [version_of(e.versionstamp) for e in after] == [first + 83]
 
 
+async def test_a_read_sees_its_units_while_a_tick_of_its_own_is_under_way(
+    env: Env, url: str, target: Target
+) -> None:
+    """A unit committed through a Database is in that Database's next read
+    even while another of its tasks is ticking: that tick may have begun
+    after the unit committed and not finished yet, so the read waits for
+    the lock and ticks rather than reading around it (it used to read
+    without the unit: a tail reader, a relay or ``latest()`` running
+    beside one another each missed the newest units now and then)."""
+    db = env.db
+    ticks_sql = db._engine.adapter.sql.outbox_ticks
+    assert ticks_sql is not None
+    waiting = af.sql(
+        "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
+    await env.run(event(1))
+    read: list[OutboxEntry] = []
+
+    async def reader() -> None:
+        read.extend(await db.outbox.list(after=env.start))
+
+    async with af.connect(url, backend=target.backend, pool_size=2) as other:
+        with anyio.fail_after(LIMIT):
+            async with anyio.create_task_group() as tg:
+                async with other.transaction() as holder:
+                    await holder.fetch(other._engine.raw(ticks_sql.lock))
+                    # A tick of db's begins after the unit, and waits for the lock.
+                    tg.start_soon(lambda: tick(db._engine, wait=True))
+                    while await other.fetch_value(waiting, int) == 0:
+                        await anyio.sleep(0.01)
+                    tg.start_soon(reader)
+                    await anyio.sleep(0.2)
+                    assert read == []  # waiting for the lock, not reading around it
+    assert [entry.mutations[0]["values"] for entry in read] == [{"n": 1}]
+
+
 async def test_serializable_units_do_not_conflict_over_the_outbox(env: Env) -> None:
     """Under ticks, serializable units on disjoint rows share nothing in
     the outbox (no counter row, no table lock): run at once, none fails

@@ -258,6 +258,16 @@ class ReplicationPair:
                 )
             time.sleep(POLL)
 
+    def wait_replayed(self) -> None:
+        """Until the standby has replayed all the primary has written so far."""
+        written = self.primary.query_blocking("SELECT pg_current_wal_lsn()")
+        deadline = time.monotonic() + START_TIMEOUT
+        check = f"SELECT pg_last_wal_replay_lsn() >= '{written}'::pg_lsn"
+        while self.standby.query_blocking(check) != "t":
+            if time.monotonic() > deadline:
+                raise ServerFailed(f"the standby has not replayed {written} in {START_TIMEOUT}s")
+            time.sleep(POLL)
+
     def close(self) -> None:
         """The standby, the link, then the primary."""
         with contextlib.suppress(Exception):

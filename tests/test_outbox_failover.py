@@ -162,6 +162,7 @@ async def _failover(
     stop, relay_stop = anyio.Event(), anyio.Event()
     after_promotion = anyio.Event()  # a unit returned after it
     held_read = anyio.Event()  # the tail read an entry the standby never got
+    some_read = anyio.Event()  # the tail read a few entries
 
     async def writer() -> None:
         while not stop.is_set():
@@ -173,6 +174,8 @@ async def _failover(
     async def tail(held_at: list[float]) -> None:
         async for entry in db.outbox.tail(poll_interval=0.02):
             tailed.append((entry.versionstamp, entry.uow_id))
+            if len(tailed) >= 3:
+                some_read.set()
             if held_at and anyio.current_time() > held_at[0] + 0.1 and not held_read.is_set():
                 held_stamp.append(entry.versionstamp)
                 held_read.set()
@@ -192,6 +195,12 @@ async def _failover(
             async with anyio.create_task_group() as relaying:
                 relaying.start_soon(relay)
                 await anyio.sleep(BEFORE)
+                # The standby has entries of the old timeline, versioned
+                # (under ticks, a tick it has not received versions its
+                # entries again on the new timeline), however slow the machine.
+                with anyio.fail_after(10):
+                    await some_read.wait()
+                await anyio.to_thread.run_sync(pair.wait_replayed)
                 await anyio.to_thread.run_sync(pair.stall_link, True)
                 held_at.append(anyio.current_time())
                 await anyio.sleep(HELD)

@@ -40,7 +40,7 @@ from .errors import (
     ValidationError,
 )
 from .hosts import HostStatus
-from .outbox.ticks import TickState
+from .outbox.tick_state import TickState
 from .outbox.writer import EntryStatements, KeyedStatements, OutboxStatements, TickedStatements
 from .queries import Queries, Read, whole_result
 from .resilience import (

@@ -29,7 +29,10 @@ from aiofragno.url import Options, parse_url
         ("mysql://[::1]:3307,h2/app", (("::1", 3307), ("h2", None))),
         ("mysql:///app?host=a,b&port=3307", (("a", 3307), ("b", 3307))),
         ("mysql://x/app?host=a,b&port=1,2", (("a", 1), ("b", 2))),
-        ("mysql://u@%2Frun%2Fmysqld%2Fmysqld.sock,b:3307/app", (("/run/mysqld/mysqld.sock", None), ("b", 3307))),
+        (
+            "mysql://u@%2Frun%2Fmysqld%2Fmysqld.sock,b:3307/app",
+            (("/run/mysqld/mysqld.sock", None), ("b", 3307)),
+        ),
     ],
 )
 def test_host_lists_are_parsed_as_libpq_does(url: str, hosts: tuple[object, ...]) -> None:
@@ -195,7 +198,9 @@ def test_mariadb_roles() -> None:
 
 def test_mysql_roles_count_the_uuids_of_the_gtid_history() -> None:
     history = "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-77,\n4f22ab58-81db-22f2-8f44-d91bb0530673:1-5"
-    assert server_role((0, 0, "4f22ab58-81db-22f2-8f44-d91bb0530673", history, 0), "s").timeline == 2
+    assert (
+        server_role((0, 0, "4f22ab58-81db-22f2-8f44-d91bb0530673", history, 0), "s").timeline == 2
+    )
     assert server_role((1, 0, "x", history, 1), "s").timeline == 2
 
 

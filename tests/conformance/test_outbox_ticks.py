@@ -340,16 +340,17 @@ async def test_a_read_sees_its_units_while_a_tick_of_its_own_is_under_way(
 
     async with af.connect(url, backend=target.backend, pool_size=2) as other:
         with anyio.fail_after(LIMIT):
-            async with anyio.create_task_group() as tg:
-                async with other.transaction() as holder:
-                    await holder.fetch(other._engine.raw(ticks_sql.lock))
-                    # A tick of db's begins after the unit, and waits for the lock.
-                    tg.start_soon(lambda: tick(db._engine, wait=True))
-                    while await other.fetch_value(waiting, int) == 0:
-                        await anyio.sleep(0.01)
-                    tg.start_soon(reader)
-                    await anyio.sleep(0.2)
-                    assert read == []  # waiting for the lock, not reading around it
+            async with anyio.create_task_group() as tg, other.transaction() as holder:
+                await holder.fetch(other._engine.raw(ticks_sql.lock))
+                # A tick of db's begins after the unit, and waits for the lock.
+                tg.start_soon(lambda: tick(db._engine, wait=True))
+                for _ in range(LIMIT * 100):
+                    if await other.fetch_value(waiting, int):
+                        break
+                    await anyio.sleep(0.01)
+                tg.start_soon(reader)
+                await anyio.sleep(0.2)
+                assert read == []  # waiting for the lock, not reading around it
     assert [entry.mutations[0]["values"] for entry in read] == [{"n": 1}]
 
 

@@ -36,6 +36,7 @@ import pytest
 import aiofragno as af
 from aiofragno.cli import doctor
 from tests.conftest import Target
+from tests.failover_units import add_key, keys, module_pairs, only_on
 from tests.faults import tcp_proxy
 from tests.pg_replication import PrimaryServer, ReplicationPair, SharedPairs
 
@@ -56,35 +57,16 @@ AFTER = 0.3
 
 @pytest.fixture
 def postgresql(target: Target) -> Target:
-    if target.dialect != "postgresql":
-        pytest.skip("streaming replication is PostgreSQL's")
-    return target
+    return only_on(target, "postgresql", "streaming replication is PostgreSQL's")
 
 
-@pytest.fixture(scope="module")
-def shared_pairs() -> Iterator[SharedPairs]:
-    pairs = SharedPairs()
-    yield pairs
-    pairs.close()
+shared_pairs = module_pairs(SharedPairs)
 
 
 @pytest.fixture
 def sync_pair(postgresql: Target, shared_pairs: SharedPairs) -> ReplicationPair:
     """One synchronous pair for the tests that leave it as they found it."""
     return shared_pairs.get(synchronous=True)
-
-
-async def create(uow: af.UnitOfWork, key: str) -> None:
-    uow.create("events", {"key": key})
-
-
-async def keys(db: af.Database) -> list[str]:
-    async def fn(uow: af.UnitOfWork) -> list[str]:
-        op = uow.find("events")
-        await uow.retrieve()
-        return [row["key"] for row in op.result]
-
-    return await db.execute_uow(fn, schema=EVENTS)
 
 
 async def port_of(db: af.Database) -> int:
@@ -101,7 +83,7 @@ async def test_the_server_is_chosen_by_its_role(
         assert await port_of(db) == primary
         assert await db.is_healthy(writable=True)
         await db.migrate(EVENTS)
-        await db.execute_uow(lambda uow: create(uow, "chosen"), schema=EVENTS)
+        await add_key(db, EVENTS, "chosen")
         roles = await _servers_replayed(db, standby)
         assert (roles[primary].role, roles[standby].role) == ("primary", "standby")
         assert roles[primary].timeline == roles[standby].timeline == 1
@@ -128,7 +110,7 @@ async def test_the_server_is_chosen_by_its_role(
         await af.connect(url, backend=backend, reconnect_deadline=30)
     async with af.connect(pair.url(pair.standby), backend=backend, reconnect_deadline=30) as db:
         with pytest.raises(af.ReadOnlyDatabase):
-            await db.execute_uow(lambda uow: create(uow, "refused"), schema=EVENTS)
+            await add_key(db, EVENTS, "refused")
         # It answers, but takes no writes.
         assert await db.is_healthy()
         assert not await db.is_healthy(writable=True)
@@ -210,11 +192,11 @@ async def test_a_primary_turned_read_only_is_waited_out(
     pair, primary = sync_pair, sync_pair.primary
     async with af.connect(pair.url(), backend=postgresql.backend, reconnect_deadline=10) as db:
         await db.migrate(EVENTS)
-        await db.execute_uow(lambda uow: create(uow, "warm"), schema=EVENTS)  # (an idle connection)
+        await add_key(db, EVENTS, "warm")  # (an idle connection)
         key = f"fenced-{uuid.uuid4()}"
 
         async def unit() -> None:
-            await db.execute_uow(lambda uow: create(uow, key), schema=EVENTS)
+            await add_key(db, EVENTS, key)
 
         await _reconfigure(primary, "SET default_transaction_read_only = on")
         try:
@@ -231,7 +213,7 @@ async def test_a_primary_turned_read_only_is_waited_out(
         finally:
             await _reconfigure(primary, "RESET default_transaction_read_only")
         assert db.stats.lost_connection_retries >= 1
-        assert (await keys(db)).count(key) == 1
+        assert (await keys(db, EVENTS)).count(key) == 1
 
 
 async def _reconfigure(server: PrimaryServer, change: str) -> None:
@@ -252,17 +234,17 @@ async def test_a_commit_waiting_for_a_lost_sync_standby_is_settled(
         reconnect_deadline=10,
     ) as db:
         await db.migrate(EVENTS)
-        await db.execute_uow(lambda uow: create(uow, "before"), schema=EVENTS)
+        await add_key(db, EVENTS, "before")
         await pair.standby.stop("crash")
         key = f"waited-{uuid.uuid4()}"
         try:
             started = time.monotonic()
             # COMMIT waits for the standby; after command_timeout it is
             # ambiguous, and the look-up finds the unit committed (locally).
-            await db.execute_uow(lambda uow: create(uow, key), schema=EVENTS)
+            await add_key(db, EVENTS, key)
             assert time.monotonic() - started < 8
             assert db.stats.commits_resolved == 1
-            assert (await keys(db)).count(key) == 1
+            assert (await keys(db, EVENTS)).count(key) == 1
         finally:
             await pair.standby.start()
             await anyio.to_thread.run_sync(pair.wait_streaming)
@@ -302,7 +284,7 @@ async def test_failover_under_load(failover_pair: ReplicationPair, postgresql: T
             assert stats.lost_connection_retries + stats.commits_resolved > 0
         # Every unit that returned is there once; none is there twice.
         async with af.connect(pair.url(pair.standby), backend=backend) as new:
-            stored = [key for key in await keys(new) if key.startswith(LOAD)]
+            stored = [key for key in await keys(new, EVENTS) if key.startswith(LOAD)]
         assert len(stored) == len(set(stored)), "a unit was applied twice"
         after = [t - promoted for t in done.values() if t > promoted]
         assert after and min(after) < 2.0, f"first success {min(after, default=None)}s after"
@@ -341,7 +323,7 @@ async def _load(
     async def worker() -> None:
         while not stop.is_set():
             key = f"{LOAD}{next(counter)}"
-            await db.execute_uow(lambda uow, key=key: create(uow, key), schema=EVENTS)
+            await add_key(db, EVENTS, key)
             done[key] = time.monotonic()
             if done[key] > promoted:
                 succeeded_after.set()

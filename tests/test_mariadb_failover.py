@@ -32,6 +32,7 @@ import pytest
 import aiofragno as af
 from aiofragno.cli import doctor
 from tests.conftest import Target
+from tests.failover_units import add_key, keys, module_pairs, only_on
 from tests.faults import tcp_proxy
 from tests.mariadb_replication import USER, MariaDBPair, SharedPairs
 
@@ -59,35 +60,16 @@ AFTER = 0.3
 
 @pytest.fixture
 def mysql(target: Target) -> Target:
-    if target.dialect != "mysql":
-        pytest.skip("a MariaDB primary and replica")
-    return target
+    return only_on(target, "mysql", "a MariaDB primary and replica")
 
 
-@pytest.fixture(scope="module")
-def shared_pairs() -> Iterator[SharedPairs]:
-    pairs = SharedPairs()
-    yield pairs
-    pairs.close()
+shared_pairs = module_pairs(SharedPairs)
 
 
 @pytest.fixture
 def pair(mysql: Target, shared_pairs: SharedPairs) -> MariaDBPair:
     """The module's pair, for the tests that leave it as they found it."""
     return shared_pairs.get()
-
-
-async def create(uow: af.UnitOfWork, key: str) -> None:
-    uow.create("events", {"key": key})
-
-
-async def keys(db: af.Database) -> list[str]:
-    async def fn(uow: af.UnitOfWork) -> list[str]:
-        op = uow.find("events")
-        await uow.retrieve()
-        return [row["key"] for row in op.result]
-
-    return await db.execute_uow(fn, schema=BANK)
 
 
 async def port_of(db: af.Database) -> int:
@@ -98,10 +80,10 @@ async def test_the_replica_follows_the_primary(mysql: Target, pair: MariaDBPair)
     key = f"followed-{uuid.uuid4()}"
     async with af.connect(pair.url(pair.primary), backend=mysql.backend) as db:
         await db.migrate(BANK)
-        await db.execute_uow(lambda uow: create(uow, key), schema=BANK)
+        await add_key(db, BANK, key)
     await pair.caught_up()
     async with af.connect(pair.url(pair.replica), backend=mysql.backend) as replica:
-        assert key in await keys(replica)
+        assert key in await keys(replica, BANK)
         assert await replica.fetch_value(af.sql("SELECT @@read_only")) == 1
     # The link's delay lags the replica by as much.
     pair.link.delay(0.05)
@@ -124,7 +106,7 @@ async def test_the_server_is_chosen_by_its_role(mysql: Target, pair: MariaDBPair
         async with af.connect(pair.url(*order), backend=backend) as db:
             assert await port_of(db) == primary
             await db.migrate(BANK)
-            await db.execute_uow(lambda uow: create(uow, "chosen"), schema=BANK)
+            await add_key(db, BANK, "chosen")
     await pair.caught_up()
     async with af.connect(pair.url(pair.replica, pair.primary), backend=backend) as db:
         roles = {s.port: s for s in await db.servers()}
@@ -141,7 +123,7 @@ async def test_the_server_is_chosen_by_its_role(mysql: Target, pair: MariaDBPair
     for attrs in ("standby", "prefer-standby", "read-only"):
         async with af.connect(pair.url(target_session_attrs=attrs), backend=backend) as db:
             assert await port_of(db) == replica, attrs
-            assert "chosen" in await keys(db)
+            assert "chosen" in await keys(db, BANK)
     url = pair.url(pair.primary, target_session_attrs="prefer-standby")
     async with af.connect(url, backend=backend) as db:
         assert await port_of(db) == primary
@@ -152,7 +134,7 @@ async def test_the_server_is_chosen_by_its_role(mysql: Target, pair: MariaDBPair
         await af.connect(url, backend=backend, reconnect_deadline=30)
     async with af.connect(pair.url(pair.replica), backend=backend, reconnect_deadline=30) as db:
         with pytest.raises(af.ReadOnlyDatabase):
-            await db.execute_uow(lambda uow: create(uow, "refused"), schema=BANK)
+            await add_key(db, BANK, "refused")
         report = io.StringIO()
         with redirect_stdout(report):
             await doctor(db)
@@ -212,11 +194,11 @@ async def test_a_primary_turned_read_only_is_waited_out(mysql: Target, pair: Mar
     primary = pair.primary
     async with af.connect(pair.url(), backend=mysql.backend, reconnect_deadline=10) as db:
         await db.migrate(BANK)
-        await db.execute_uow(lambda uow: create(uow, "warm"), schema=BANK)  # (an idle connection)
+        await add_key(db, BANK, "warm")  # (an idle connection)
         key = f"fenced-{uuid.uuid4()}"
 
         async def unit() -> None:
-            await db.execute_uow(lambda uow: create(uow, key), schema=BANK)
+            await add_key(db, BANK, key)
 
         await primary.query("SET GLOBAL read_only = 1")
         try:
@@ -227,7 +209,7 @@ async def test_a_primary_turned_read_only_is_waited_out(mysql: Target, pair: Mar
         finally:
             await primary.query("SET GLOBAL read_only = 0")
         assert db.stats.lost_connection_retries >= 1
-        assert (await keys(db)).count(key) == 1
+        assert (await keys(db, BANK)).count(key) == 1
 
 
 @pytest.fixture
@@ -260,7 +242,7 @@ async def test_failover_under_load(failover_pair: MariaDBPair, mysql: Target) ->
         stats = db.stats  # (units did meet the loss, and rode it out)
         assert stats.lost_connection_retries + stats.commits_resolved > 0
     async with af.connect(pair.url(pair.replica), backend=backend) as new:
-        stored = [key for key in await keys(new) if key.startswith(LOAD)]
+        stored = [key for key in await keys(new, BANK) if key.startswith(LOAD)]
         balances = await _balances(new)
     assert len(stored) == len(set(stored)), "a unit was applied twice"
     after = [t - promoted for t in done.values() if t > promoted]
@@ -280,12 +262,12 @@ async def test_failover_under_load(failover_pair: MariaDBPair, mysql: Target) ->
     await pair.primary.start()
     async with af.connect(url, backend=backend, connect_timeout=1) as db:
         assert await port_of(db) == pair.replica.port
-        await db.execute_uow(lambda uow: create(uow, "after"), schema=BANK)
+        await add_key(db, BANK, "after")
         fenced = [s for s in await db.servers() if s.fenced]
         assert [s.port for s in fenced] == [pair.primary.port]
         assert fenced[0].role == "primary" and fenced[0].timeline == 1
     async with af.connect(pair.url(pair.primary), backend=backend) as old:
-        assert "after" not in await keys(old)
+        assert "after" not in await keys(old, BANK)
 
 
 async def _open_accounts(db: af.Database) -> None:

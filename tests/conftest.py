@@ -3,7 +3,8 @@
 Server-backed targets need a reachable server: by default they are skipped
 with the reason when it is not; with ``AIOFRAGNO_REQUIRE_BACKENDS=postgresql,mysql``
 (as CI sets it) a missing server or driver fails the run instead.
-Select targets with ``--backend sqlite|postgresql|mysql`` and
+Select targets with ``--backend sqlite|postgresql|mysql`` (a dialect, all
+its drivers) or a driver's name (``--backend aiosqlite``), and
 ``--runtime asyncio|trio`` (both repeatable).
 
 Tests that restart, crash or stall a server use a private one
@@ -63,17 +64,25 @@ TARGETS = [
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("aiofragno")
-    group.addoption("--backend", action="append", default=[], help="only these dialects")
+    group.addoption(
+        "--backend",
+        action="append",
+        default=[],
+        help="only these dialects (sqlite, postgresql, mysql) or drivers (aiosqlite, asyncpg, ...)",
+    )
     group.addoption("--runtime", action="append", default=[], help="only these runtimes")
 
 
 def selected_targets(config: pytest.Config) -> list[Target]:
-    dialects = config.getoption("--backend")
+    """The targets ``--backend`` (a dialect: all its drivers; or one driver,
+    say ``aiosqlite``) and ``--runtime`` select."""
+    backends = config.getoption("--backend")
     runtimes = config.getoption("--runtime")
     return [
         t
         for t in TARGETS
-        if (not dialects or t.dialect in dialects) and (not runtimes or t.runtime in runtimes)
+        if (not backends or t.dialect in backends or t.backend in backends)
+        and (not runtimes or t.runtime in runtimes)
     ]
 
 

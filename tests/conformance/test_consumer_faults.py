@@ -177,33 +177,28 @@ class Env:
         )
         return [row["vs"] for row in rows]
 
-    async def lease_left(self) -> float:
-        """Seconds until the consumer's lease lapses, on the database's clock
-        (as the lease itself counts them; negative once it has lapsed)."""
-        until = await self.db.fetch_value(
+    async def _lease(self, column: str) -> Any:
+        """``column`` of the consumer's row (its lease's owner or end)."""
+        return await self.db.fetch_value(
             af.sql(
-                "SELECT {u} FROM {t} WHERE {n} = {name}",
-                u=af.Identifier("lease_until"),
-                t=af.Identifier(CONSUMERS),
-                n=af.Identifier("name"),
-                name=self.name,
-            ),
-            int,
-        )
-        engine = self.db._engine
-        now = as_utc(await self.db.fetch_value(engine.raw(engine.adapter.sql.now)))
-        return until / 1000 - now.timestamp()
-
-    async def lease_owner(self) -> str | None:
-        owner: str | None = await self.db.fetch_value(
-            af.sql(
-                "SELECT {o} FROM {t} WHERE {n} = {name}",
-                o=af.Identifier("lease_owner"),
+                "SELECT {c} FROM {t} WHERE {n} = {name}",
+                c=af.Identifier(column),
                 t=af.Identifier(CONSUMERS),
                 n=af.Identifier("name"),
                 name=self.name,
             )
         )
+
+    async def lease_left(self) -> float:
+        """Seconds until the consumer's lease lapses, on the database's clock
+        (as the lease itself counts them; negative once it has lapsed)."""
+        until = int(await self._lease("lease_until"))
+        engine = self.db._engine
+        now = as_utc(await self.db.fetch_value(engine.raw(engine.adapter.sql.now)))
+        return until / 1000 - now.timestamp()
+
+    async def lease_owner(self) -> str | None:
+        owner: str | None = await self._lease("lease_owner")
         return owner
 
     async def check(self, deliveries: Deliveries, *, transactional: bool) -> None:

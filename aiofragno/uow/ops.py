@@ -168,6 +168,10 @@ class FindResult(list[RowT]):
 class RetrievalOp(ABC, Generic[ResultT]):
     """A queued read. ``result`` is available after ``await uow.retrieve()``."""
 
+    # Its statements are made from its parent's rows, and run after them
+    # (see staged_reads): what compile() gives is their template.
+    runs_after_parent = False
+
     def __init__(self, table: TableInfo) -> None:
         self.table = table
         self._result: ResultT | _Missing = _Missing.NOT_RETRIEVED
@@ -211,7 +215,30 @@ def _check_pageable(table: TableInfo, order: tuple[tuple[str, bool], ...]) -> No
             )
 
 
-def parse_order(table: TableInfo, order_by: Any) -> tuple[tuple[str, bool], ...]:
+Order = tuple[tuple[str, bool], ...]
+
+
+def with_tie(order: Order) -> Order:
+    """``order`` and then its tie-break: the internal id (creation order), in
+    the direction of the order's last column — newest first after a
+    descending one. So an index on the order's columns, which holds the
+    internal id after them (InnoDB, SQLite) or lets the database sort only
+    within equal values (PostgreSQL), serves the whole order read forwards
+    or backwards: an ascending tie after ``seq DESC`` made MariaDB and
+    SQLite sort every matching row before a LIMIT."""
+    return (*order, (INTERNAL_ID, bool(order) and order[-1][1]))
+
+
+def order_text(table: TableInfo, order: Order) -> str:
+    """``ORDER BY``'s terms for ``order`` with its tie-break (:func:`with_tie`)."""
+    return ", ".join(
+        f"{table.internal_id if name == INTERNAL_ID else table.column(name).qualified}"
+        f"{' DESC' if desc else ''}"
+        for name, desc in with_tie(order)
+    )
+
+
+def parse_order(table: TableInfo, order_by: Any) -> Order:
     """((column, descending), ...) from a name, a (name, direction) pair, or a list of those."""
     if order_by is None:
         return ()
@@ -328,11 +355,7 @@ class ReadRows(RetrievalOp[ResultT]):
             else:
                 condition.render(ctx)
         if ctx.build_text:  # (the walk for parameters alone skips building text)
-            keys = [
-                f"{table.column(name).qualified}{' DESC' if desc else ''}"
-                for name, desc in self.order
-            ]
-            ctx.text(f" ORDER BY {', '.join([*keys, table.internal_id])}")
+            ctx.text(f" ORDER BY {order_text(table, self.order)}")
         if self.limit is not None:
             ctx.text(" LIMIT ")
             # One more tells whether another page exists.
@@ -341,7 +364,7 @@ class ReadRows(RetrievalOp[ResultT]):
     def _render_keyset(self, ctx: Compiling, values: list[Any]) -> None:
         """Rows after ``values`` in the order: (a, b, _id) > (va, vb, vid),
         spelled out so that each column can have its own direction."""
-        columns = [*self.order, (INTERNAL_ID, False)]
+        columns = with_tie(self.order)
         ctx.text("(")
         for i, (name, desc) in enumerate(columns):
             if i:
@@ -395,8 +418,12 @@ class ReadRows(RetrievalOp[ResultT]):
 def _cursor_key(physical: tuple[str, ...], order: tuple[tuple[str, bool], ...]) -> str:
     """What a cursor names its table and order by. The physical table: a
     cursor from the same table in another namespace is no position in this
-    one. (Cached: every page with a next one makes a cursor.)"""
-    text = json.dumps([physical, order])
+    one. An order ending descending names its tie-break too: its ties were
+    in creation order before they followed the last column (see
+    :func:`with_tie`), so a cursor made then is refused, not read in the
+    other direction. (Cached: every page with a next one makes a cursor.)"""
+    descending_tie = bool(order) and order[-1][1]
+    text = json.dumps([physical, order, "tie desc"] if descending_tie else [physical, order])
     return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 

@@ -9,6 +9,7 @@ afterwards (the fixtures are in conftest.py, the helpers in uow_env.py)."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -99,7 +100,8 @@ async def test_keyset_pagination_stable_under_inserts(items: Env) -> None:
 
 async def test_keyset_pagination_through_ties(items: Env) -> None:
     # Few distinct values: pages break inside runs of equal qty; creation
-    # order (the internal id) breaks the ties, in both directions.
+    # order (the internal id) breaks the ties, in the direction of the
+    # order: oldest first ascending, newest first descending.
     qtys = [2, 1, 2, 2, 1, 3, 2, 1, 3, 2, 2]
     await items.create("items", *({"name": f"n{i:02}", "qty": q} for i, q in enumerate(qtys)))
     for direction, sign in (("asc", 1), ("desc", -1)):
@@ -115,9 +117,32 @@ async def test_keyset_pagination_through_ties(items: Env) -> None:
                     break
                 after = page.cursor
             expected = [
-                f"n{i:02}" for i, _ in sorted(enumerate(qtys), key=lambda p: (sign * p[1], p[0]))
+                f"n{i:02}"
+                for i, _ in sorted(enumerate(qtys), key=lambda p: (sign * p[1], sign * p[0]))
             ]
             assert seen == expected, (direction, limit)
+
+
+async def test_a_descending_cursor_from_before_ties_followed_the_order_is_refused(
+    items: Env,
+) -> None:
+    # Such a cursor named its table and order only, and its ties ran oldest
+    # first: read with today's newest-first ties, a page could repeat or
+    # skip rows of equal qty. It is refused instead; ascending ones still work.
+    await items.create("items", *({"name": f"n{i}", "qty": i % 2} for i in range(6)))
+    physical = list(items.ident("items").parts)
+    for direction, refused in (("desc", True), ("asc", False)):
+        page = await items.find("items", order_by=("qty", direction), limit=2)
+        assert page.cursor is not None
+        order = [["qty", direction == "desc"]]
+        old_key = hashlib.sha1(json.dumps([physical, order]).encode()).hexdigest()[:8]
+        old = _tamper(page.cursor, lambda p, k=old_key: p.__setitem__("k", k))
+        if refused:
+            with pytest.raises(af.ValidationError, match="another order_by"):
+                await items.find("items", order_by=("qty", direction), limit=2, after=old)
+        else:
+            rest = await items.find("items", order_by=("qty", direction), limit=2, after=old)
+            assert [r["name"] for r in rest] == ["n4", "n1"]
 
 
 async def test_keyset_pagination_with_where(items: Env) -> None:

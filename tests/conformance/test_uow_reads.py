@@ -8,6 +8,7 @@ afterwards (the fixtures are in conftest.py, the helpers in uow_env.py)."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 import aiofragno as af
+from aiofragno.driver import CompiledQuery
 from tests.conformance.uow_env import (
     Env,
     MakeEnv,
@@ -217,8 +219,9 @@ async def test_order_by(items: Env) -> None:
     orders: list[tuple[Any, list[str]]] = [
         ("qty", ["alpha", "beta", "gamma", "delta", "omega", "epsilon"]),
         (("qty", "asc"), ["alpha", "beta", "gamma", "delta", "omega", "epsilon"]),
-        # Ties (qty 5) keep creation order in both directions.
-        (("qty", "desc"), ["omega", "epsilon", "delta", "gamma", "beta", "alpha"]),
+        # Ties (qty 5) in creation order, in the direction of the order's
+        # last column: oldest first ascending, newest first descending.
+        (("qty", "desc"), ["epsilon", "omega", "delta", "gamma", "beta", "alpha"]),
         ("name", ["alpha", "beta", "delta", "epsilon", "gamma", "omega"]),
         (("name", "desc"), ["omega", "gamma", "epsilon", "delta", "beta", "alpha"]),
         ([("qty", "desc"), "name"], ["epsilon", "omega", "delta", "gamma", "beta", "alpha"]),
@@ -322,3 +325,87 @@ async def test_order_and_compare_decimal(make_env: MakeEnv) -> None:
             break
         after = page.cursor
     assert seen == by_price[::-1]
+
+
+EVENTS = af.Schema(
+    "events",
+    af.Table("streams", af.Column("name", "string")),
+    af.Table(
+        "events",
+        af.Reference("stream", "streams"),
+        af.Column("seq", "bigint"),
+        af.Index("by_stream", ["stream", "seq"]),
+    ),
+)
+
+
+async def test_the_newest_page_is_read_by_the_index_not_sorted(make_env: MakeEnv) -> None:
+    """``find(order_by=("seq", "desc"), limit=N)`` and a join's newest N per
+    parent are read from an index on (stream, seq) backwards, without
+    sorting every matching row: their ties (creation order) run newest first
+    too, which that index holds after seq on MariaDB and SQLite. With ties
+    oldest first, MariaDB sorted all of a stream's rows for every page (124 ms
+    for 10 of 200,000 rows, against 0.05 ms). On MariaDB the join under a
+    page of streams is read by key, a statement per stream; without a page,
+    its rows are numbered. PostgreSQL's index holds no internal id: it
+    sorts runs of equal seq only (incremental sort); not checked here."""
+    env = await make_env(EVENTS)
+
+    async def seed(uow: af.UnitOfWork) -> None:
+        for name in ("a", "b"):
+            stream = uow.create("streams", {"name": name})
+            for seq in range(100):
+                uow.create("events", {"stream": stream, "seq": seq // 2})  # (ties of two)
+
+    await env.run(seed)
+    sent: list[Any] = []
+    last = af.many("events", by="stream", order_by=("seq", "desc"), limit=3)
+
+    async def newest(uow: af.UnitOfWork) -> Any:
+        streams = uow.find("streams", order_by="name", limit=5, join={"last": last})
+        unpaged = uow.find("streams", order_by="name", join={"last": last})
+        await uow.retrieve()
+        page = uow.find(
+            "events", where={"stream": streams.result[1]["id"]}, order_by=("seq", "desc"), limit=3
+        )
+        await uow.retrieve()
+        return streams.result, unpaged.result, page.result
+
+    streams, unpaged, page = await env.run(newest, on_query=sent.append)
+    order = {row["id"]: row["_id"] for row in await env.raw_rows("events")}
+
+    def seen(rows: list[dict[str, Any]]) -> list[tuple[int, int]]:
+        return [(row["seq"], order[row["id"]]) for row in rows]
+
+    for n, stream in enumerate(streams):
+        newest_three = sorted(
+            (
+                (r["seq"], order[r["id"]])
+                for r in await env.find("events", where={"stream": stream["id"]})
+            ),
+            reverse=True,
+        )[:3]
+        assert seen(stream["last"]) == newest_three, stream["name"]
+        assert seen(unpaged[n]["last"]) == newest_three
+        assert newest_three[0][0] == newest_three[1][0] == 49  # (a tie, newest first)
+    assert seen(page) == seen(streams[1]["last"])
+    if env.db.name == "postgresql":
+        return
+    # Each statement reading events by stream and seq, asked how it runs.
+    reads = [q for q in sent if re.search(r"FROM [`\"]events", q.sql)]
+    numbered = [q for q in reads if "ROW_NUMBER" in q.sql]
+    by_index = [q for q in reads if "ROW_NUMBER" not in q.sql and "IN (SELECT" not in q.sql]
+    if env.db.name == "mysql":  # the paged join by key, a statement per stream, and the page
+        assert len(numbered) == 1 and len(by_index) == 3, [q.sql for q in reads]
+    engine = env.db._engine
+    session = await engine.acquire()
+    try:
+        for query in by_index:
+            prefix = "EXPLAIN QUERY PLAN " if env.db.name == "sqlite" else "EXPLAIN "
+            (result,) = await session.execute_batch(
+                [CompiledQuery(prefix + query.sql, query.parameters)]
+            )
+            plan = " ".join(str(row.raw[-1]) for row in result.rows)
+            assert "TEMP B-TREE" not in plan and "filesort" not in plan, (query.sql, plan)
+    finally:
+        await engine.release(session)

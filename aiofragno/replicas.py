@@ -73,6 +73,7 @@ from .transaction import current_transaction, transaction_stack
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .uow.snapshot import Then
 
 logger = logging.getLogger("aiofragno")
 T = TypeVar("T")
@@ -475,7 +476,9 @@ class HeldReads(Protocol):
     ``retries=False`` for a replica, which is passed over when it fails
     rather than waited for)."""
 
-    async def read(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]: ...
+    async def read(
+        self, queries: Sequence[CompiledQuery], then: Then | None = None
+    ) -> list[QueryResult]: ...
 
     async def release(self) -> None: ...
 
@@ -520,26 +523,30 @@ class UnitReads:
                 'reads="primary" (the default) to write'
             )
 
-    async def read(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
+    async def read(
+        self, queries: Sequence[CompiledQuery], then: Then | None = None
+    ) -> list[QueryResult]:
         self.refuse_writes()
         held = self._held
         if held is None:
-            return await self._first_read(queries)
+            return await self._first_read(queries, then)
         try:
-            return await held.read(queries)
+            return await held.read(queries, then)
         except REPLICA_FAILURES as exc:
             if self._replica is not None and self._replicas is not None:
                 self._replicas.failed(self._replica, exc)
             raise
 
-    async def _first_read(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
+    async def _first_read(
+        self, queries: Sequence[CompiledQuery], then: Then | None
+    ) -> list[QueryResult]:
         replicas = self._replicas
         if replicas is not None and current_transaction(self._primary) is None:
             replica = await replicas.choose()
             if replica is not None:
                 self._held, self._replica = self._hold(replica.engine, False), replica
                 try:
-                    results = await self._held.read(queries)
+                    results = await self._held.read(queries, then)
                 except REPLICA_FAILURES as exc:
                     replicas.failed(replica, exc)
                     await self.release()
@@ -548,7 +555,7 @@ class UnitReads:
                     return results
             replicas.stats.replica_fallbacks += 1
         self._held = self._hold(self._primary, True)
-        return await self._held.read(queries)
+        return await self._held.read(queries, then)
 
     async def release(self) -> None:
         held, self._held, self._replica = self._held, None, None

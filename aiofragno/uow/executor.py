@@ -33,7 +33,7 @@ from .outcomes import Outcome, classify
 from .plans import Phase, resolving
 from .records import key_statement, key_taken, new_nonce, settle
 from .retry import ExponentialBackoff, RetryPolicy
-from .snapshot import read_in_snapshot
+from .snapshot import Then, read_in_snapshot
 from .unit import UnitOfWork
 
 if TYPE_CHECKING:
@@ -97,23 +97,27 @@ class HeldConnection:
         if session is not None:
             await self.db.release(session)
 
-    async def read(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
-        """The reads, in order, all from one snapshot (:mod:`.snapshot`) — all
-        again on a fresh connection if this one is lost (reads have no
-        effects)."""
+    async def read(
+        self, queries: Sequence[CompiledQuery], then: Then | None = None
+    ) -> list[QueryResult]:
+        """The reads, in order, and those ``then`` makes of their results,
+        all from one snapshot (:mod:`.snapshot`) — all again on a fresh
+        connection if this one is lost (reads have no effects)."""
         try:
-            return await self._read_all(queries)
+            return await self._read_all(queries, then)
         except (ConnectionLost, DatabaseUnavailable) as exc:
             if not (self.retries and is_retryable_loss(exc)):
                 raise
             return await retry_read_after(
-                exc, self.db.options.reconnect_deadline, partial(self._read_all, queries)
+                exc, self.db.options.reconnect_deadline, partial(self._read_all, queries, then)
             )
 
-    async def _read_all(self, queries: Sequence[CompiledQuery]) -> list[QueryResult]:
+    async def _read_all(
+        self, queries: Sequence[CompiledQuery], then: Then | None
+    ) -> list[QueryResult]:
         session = await self.get()
         try:
-            return await read_in_snapshot(session, self.db.adapter.sql.read_snapshot, queries)
+            return await read_in_snapshot(session, self.db.adapter.sql.read_snapshot, queries, then)
         except BaseException:
             await self.release()
             raise

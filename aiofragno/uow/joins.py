@@ -21,9 +21,14 @@ Joined rows come back as rows of their own table through its decoder, so
 every value is as exact as in a plain find, and each ``id`` is a RowId
 with version and table, usable in ``update(..., check=True)``. A
 per-parent ``limit`` is a LIMIT per parent: in a LATERAL subquery
-(PostgreSQL) or a correlated ``IN (... LIMIT)`` (SQLite); where the
-database has neither (MariaDB), each parent's rows are numbered with
-``ROW_NUMBER()``, which reads all of them.
+(PostgreSQL) or a correlated ``IN (... LIMIT)`` (SQLite). Where the
+database has neither (MariaDB, MySQL), a join on the rows of a find whose
+page is at most :data:`BY_KEY_PARENTS` rows is read by key once that page is
+in: one ``WHERE <by> = <parent> ORDER BY ... LIMIT n`` per parent, which an
+index on the reference and order columns reads no further than ``n`` rows,
+in a second batch of the retrieve's snapshot (one round trip more, see
+:mod:`.staged_reads`); anywhere else, each parent's rows are numbered with
+``ROW_NUMBER()``, which reads and sorts all of them.
 
 A ``where`` on a ``one`` join filters by the joined row's columns: it keeps
 only the rows whose referenced row matches (an inner join), as part of
@@ -47,10 +52,15 @@ from ..schema import Table, table_name
 from .catalog import ALIAS, Catalog, TableInfo
 from .compiling import Compiling
 from .expr import Expr, where_expr
-from .ops import Find, FindFirst, ReadRows, RetrievalOp, cached_text, parse_order
+from .ops import Find, FindFirst, ReadRows, RetrievalOp, cached_text, order_text, parse_order
 
 MAX_DEPTH = 4
 """How deeply joins may nest (each level one more read, embedding its parents)."""
+
+BY_KEY_PARENTS = 100
+"""The largest page of a find whose per-parent limited joins are read by key
+where the database cannot limit per parent in one statement (one statement
+per parent: more than these would cost more than numbering their rows)."""
 
 _KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
 
@@ -278,9 +288,30 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         self.many = isinstance(node.spec, Many)
         self.link = node.link
         self.per_parent = node.per_parent
+        self.runs_after_parent = self._by_key(catalog, parent)
         self.query = self._compile(catalog, parent.query)
         self.joins = [JoinRead(catalog, child, self) for child in node.children]
         self._found: dict[str, Any] = {}
+
+    def _by_key(self, catalog: Catalog, parent: JoinRead | JoinedFind | JoinedFindFirst) -> bool:
+        """Whether this read runs by key after its parent's page (see the module's doc)."""
+        capabilities = catalog.adapter.capabilities
+        return (
+            self.per_parent is not None
+            and not (capabilities.supports_lateral or capabilities.supports_limit_in_subquery)
+            and not isinstance(parent, JoinRead)
+            and parent.limit is not None
+            and parent.limit <= BY_KEY_PARENTS
+        )
+
+    def by_keys(self, parent_rows: Sequence[Sequence[Any]]) -> list[CompiledQuery]:
+        """The statements reading this join (:attr:`runs_after_parent`) for
+        its parent's page ``parent_rows`` (row values, the internal id first):
+        one per parent, in the page's order."""
+        assert isinstance(self.parent, ReadRows) and self.parent.limit is not None
+        sql, (_, *params) = self.query  # (its first parameter: a parent's key)
+        keys = dict.fromkeys(row[0] for row in parent_rows[: self.parent.limit])
+        return [CompiledQuery(sql, (key, *params)) for key in keys]
 
     def _compile(self, catalog: Catalog, parent: CompiledQuery) -> CompiledQuery:
         table = self.table
@@ -292,6 +323,19 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
             ctx = Compiling(catalog, table, build_text=False)
             where.render(ctx)
             params, signature, shape = tuple(ctx.params), tuple(ctx.signature), where.shape()
+        if self.runs_after_parent:  # (a parent's key first, 0 until by_keys)
+            by_key = (
+                table.name,
+                "by key",
+                self.link,
+                self.order,
+                self.per_parent,
+                shape,
+                signature,
+            )
+            return CompiledQuery(
+                cached_text(catalog, table, by_key, self._render_by_key), (0, *params)
+            )
         key = (
             table.name,
             "join",
@@ -314,10 +358,7 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
     def render_from(self, ctx: Compiling, *, keys_only: bool = False) -> None:
         # (No limit of its own: as the parent of a join, the same rows.)
         table = self.table
-        order = ", ".join(
-            [f"{table.column(n).qualified}{' DESC' if desc else ''}" for n, desc in self.order]
-            + [table.internal_id]
-        )
+        order = order_text(table, self.order)
         limit = self.per_parent
         if limit is None:
             ctx.text(f"{table.select_from} WHERE ")
@@ -354,6 +395,19 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         if self.where is not None:
             ctx.text(" AND ")
             self.where.render(ctx)
+
+    def _render_by_key(self, ctx: Compiling) -> None:
+        """A many's first rows for one parent, whose key binds first."""
+        table = self.table
+        assert self.per_parent is not None
+        ctx.text(
+            f"SELECT {table.select_columns} FROM {table.select_from} "
+            f"WHERE {table.column(self.link).qualified} = "
+        )
+        ctx.raw_value(0)
+        self._render_where(ctx)
+        ctx.text(f" ORDER BY {order_text(table, self.order)} LIMIT ")
+        ctx.limit(self.per_parent)
 
     def _render_numbered(self, ctx: Compiling, order: str, limit: int) -> None:
         """A many's first ``limit`` rows per parent: the ids of all

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import EllipsisType
-from typing import Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 from ..driver import CompiledQuery, QueryResult
 from ..errors import ProgrammingError, ValidationError
@@ -16,6 +16,8 @@ from .combine_reads import combine_reads, split_reads
 from .expr import Expr
 from .joins import JoinedFind, JoinedFindFirst, Joins, check_tree_row, join_reads
 from .ops import Check, Count, Create, Delete, Find, FindFirst, MutationOp, RetrievalOp, Update
+from .snapshot import Then
+from .staged_reads import StagedReads
 from .unique import UniqueConflicts, index_for_key, key_values, unique_index
 from .upsert import CheckAbsent, Upsert, Upserted, checked_upsert, update_columns, upsert_ops
 
@@ -25,7 +27,15 @@ TableRef = str | Table[Any]
 RowT = TypeVar("RowT")
 R = TypeVar("R", bound=RetrievalOp[object])
 J = TypeVar("J", JoinedFind, JoinedFindFirst)
-Reader = Callable[[Sequence[CompiledQuery]], Awaitable[list[QueryResult]]]
+
+
+class Reader(Protocol):
+    """Runs a retrieve's statements, and those ``then`` makes of their
+    results, in one snapshot (the executor's ``HeldConnection.read``)."""
+
+    def __call__(
+        self, queries: Sequence[CompiledQuery], then: Then | None = None, /
+    ) -> Awaitable[list[QueryResult]]: ...
 
 
 class UnitOfWork:
@@ -256,8 +266,9 @@ class UnitOfWork:
         queries = [op.compile(self._catalog) for op in reads]
         self._check_sizes(reads, queries)
         if self._on_query is not None:
-            for query in queries:
-                self._on_query(query)
+            for op, query in zip(reads, queries, strict=True):
+                if not op.runs_after_parent:  # (its statements are told when made)
+                    self._on_query(query)
         return queries
 
     async def _run(
@@ -265,9 +276,10 @@ class UnitOfWork:
     ) -> list[list[Sequence[Any]]]:
         """Each read's rows: one statement where the reads combine, else a batch."""
         combined = combine_reads(self._catalog, reads, queries)
-        if combined is None:
-            return [[row.raw for row in result.rows] for result in await self._reader(queries)]
-        return split_reads(reads, (await self._reader([combined]))[0])
+        if combined is not None:
+            return split_reads(reads, (await self._reader([combined]))[0])
+        staged = StagedReads(reads, queries, self._on_query)
+        return staged.rows(await self._reader(staged.first, staged.then))
 
     def _split_sums(self, reads: Sequence[RetrievalOp[object]], exc: ProgrammingError) -> bool:
         """Whether ``exc`` is SUM failing past 64 bits (where it fails: SQLite)

@@ -202,3 +202,36 @@ async def test_a_retrieve_reads_beside_an_open_write_transaction(shop: Env) -> N
         with anyio.fail_after(5):
             found = await shop.run(read_trees, retry=af.NoRetry())
     assert {row["owner"]: row["balance"] for row in found[0]}["a"] == 0
+
+
+async def test_a_join_read_by_key_after_its_page_sees_the_pages_snapshot(
+    shop: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MariaDB reads a join's newest rows per parent by key, a statement per
+    parent, in a second batch once the page is in (see aiofragno.uow.joins):
+    a unit that commits between those statements is not seen by any of them.
+    Elsewhere the same write comes between the tree's statements, or not at
+    all (PostgreSQL: one statement), with the same result."""
+    a, b, _, _ = await seed(shop)
+    for src, amount in ((a, 1), (a, 2), (b, 3), (b, 4)):
+        await shop.create("transfers", {"src": src, "dst": src, "amount": amount})
+
+    async def newer(uow: af.UnitOfWork) -> None:
+        for src in (a, b):
+            uow.create("transfers", {"src": src, "dst": src, "amount": 100})
+
+    async def read(uow: af.UnitOfWork) -> Any:
+        last = af.many("transfers", by="src", order_by=("amount", "desc"), limit=2)
+        found = uow.find("accounts", order_by="owner", limit=2, join={"last": last})
+        await uow.retrieve()
+        return found.result
+
+    raced = write_after_first_read(monkeypatch, shop, newer)
+    rows = await shop.run(read)
+    assert raced == ([] if shop.db._engine.adapter.sql.rows_array is not None else [True])
+    assert [[t["amount"] for t in row["last"]] for row in rows] == [[2, 1], [4, 3]]
+    monkeypatch.undo()
+    if not raced:
+        await shop.run(newer)
+    rows = await shop.run(read)
+    assert [[t["amount"] for t in row["last"]] for row in rows] == [[100, 2], [100, 4]]

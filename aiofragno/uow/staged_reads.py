@@ -20,9 +20,9 @@ from .ops import RetrievalOp
 
 
 class StagedReads:
-    """``reads`` (compiled as ``queries``) split into :attr:`first`, the
-    statements of the first batch, and :attr:`then`, which makes the second
-    from the first's results (None: there is none)."""
+    """``reads`` (compiled as ``queries``; some run after their parent)
+    split into :attr:`first`, the statements of the first batch, and
+    :meth:`then`, which makes the second from the first's results."""
 
     def __init__(
         self,
@@ -39,11 +39,7 @@ class StagedReads:
         self._on_query = on_query
         self._counts: list[int] = []  # per later read, its statements in the second batch
 
-    @property
-    def then(self) -> Callable[[list[QueryResult]], list[CompiledQuery]] | None:
-        return self._then if self._later else None
-
-    def _then(self, results: list[QueryResult]) -> list[CompiledQuery]:
+    def then(self, results: list[QueryResult]) -> list[CompiledQuery]:
         rows = {id(op): result.rows for op, result in zip(self._first_ops, results, strict=True)}
         queries: list[CompiledQuery] = []
         self._counts = []  # (anew each time: a read run again on a new connection)

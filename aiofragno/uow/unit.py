@@ -278,6 +278,8 @@ class UnitOfWork:
         combined = combine_reads(self._catalog, reads, queries)
         if combined is not None:
             return split_reads(reads, (await self._reader([combined]))[0])
+        if not any(op.runs_after_parent for op in reads):
+            return [[row.raw for row in result.rows] for result in await self._reader(queries)]
         staged = StagedReads(reads, queries, self._on_query)
         return staged.rows(await self._reader(staged.first, staged.then))
 

@@ -149,6 +149,16 @@ class ReplicaServer(ReplicatedServer):
                 raise ServerFailed(f"{self!r} not connected after {timeout}s:\n{status}")
             time.sleep(0.05)
 
+    async def reconnect(self) -> None:
+        """Make the I/O thread connect to its primary again (through the
+        link as it relays now: a delay set on it reaches new connections)."""
+
+        def again() -> None:
+            self.query_blocking("STOP SLAVE IO_THREAD; START SLAVE IO_THREAD")
+            self.wait_connected_blocking()
+
+        await anyio.to_thread.run_sync(again)
+
     def wait_for_blocking(self, gtids: str, timeout: float = START_TIMEOUT) -> None:
         """Until this replica has applied the transactions ``gtids``
         (``MASTER_GTID_WAIT``); ServerFailed after ``timeout`` seconds."""

@@ -444,11 +444,11 @@ class Options:
     """"random" tries the hosts in a random order (the last good one still
     first); "disable" in the URL's order."""
     tcp_user_timeout: float | None = 15.0
-    """PostgreSQL over TCP: how long sent data may stay unacknowledged
+    """PostgreSQL and MySQL over TCP: how long sent data may stay unacknowledged
     before the connection counts as lost (Linux ``TCP_USER_TIMEOUT``; in
     seconds, not libpq's milliseconds). None: the system's (minutes)."""
     keepalives_idle: float | None = 5.0
-    """PostgreSQL over TCP: seconds of silence before TCP keepalive probes
+    """PostgreSQL and MySQL over TCP: seconds of silence before TCP keepalive probes
     (then one a second, five unanswered ones end the connection), so an
     idle connection to a vanished host is noticed. None: no keepalives."""
     charset: str = "utf8mb4"
@@ -557,7 +557,7 @@ _DIALECT_OPTIONS: dict[str, tuple[str, ...]] = {
     "options": ("postgresql",),
     "server_settings": ("postgresql",),
     **dict.fromkeys(("target_session_attrs", "load_balance_hosts"), _SERVERS),
-    **dict.fromkeys(("tcp_user_timeout", "keepalives_idle"), ("postgresql",)),
+    **dict.fromkeys(("tcp_user_timeout", "keepalives_idle"), _SERVERS),
     "charset": ("mysql",),
 }
 

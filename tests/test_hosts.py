@@ -98,7 +98,7 @@ def test_bad_failover_options_are_refused(options: dict[str, str], says: str) ->
         Options().merged(options, {})
 
 
-def test_host_choice_options_are_for_servers_socket_options_for_postgresql() -> None:
+def test_host_choice_and_socket_options_are_for_servers() -> None:
     options = Options().merged({"target_session_attrs": "read-write"}, {})
     options.check_dialect("postgresql")
     options.check_dialect("mysql")
@@ -107,8 +107,9 @@ def test_host_choice_options_are_for_servers_socket_options_for_postgresql() -> 
     balanced = Options().merged({"load_balance_hosts": "random"}, {})
     balanced.check_dialect("mysql")
     timeout = Options().merged({"tcp_user_timeout": "10"}, {})
-    with pytest.raises(af.ValidationError, match="for postgresql, not mysql"):
-        timeout.check_dialect("mysql")
+    timeout.check_dialect("mysql")
+    with pytest.raises(af.ValidationError, match="for postgresql and mysql, not sqlite"):
+        timeout.check_dialect("sqlite")
     assert Options().merged({"tcp_user_timeout": "none"}, {}).tcp_user_timeout is None
 
 

@@ -54,6 +54,7 @@ from ..host_choice import HostChoice, Origin, Probe, hosts_of
 from ..pool import PooledDialect
 from ..url import DatabaseURL, HostPort, Options, describe_host
 from .asyncmy_prepared import GoesAsText, Prepared, binary_values, changes_parsing, float32
+from .tcp import tune_socket
 
 ERRORS = ErrorTable(
     codes=mysql.CODES,
@@ -660,8 +661,16 @@ async def open_raw(
     """An asyncmy connection to ``server`` (default: the URL's first) with
     the backend's settings, no session lock taken; over TLS as ``tls`` says
     (default: as ``options`` say)."""
-    tls = tls or tls_.configure(url, options)
-    server = server or url.servers[0]
+    raw = await _open(url, options, tls or tls_.configure(url, options), server or url.servers[0])
+    try:
+        tune_socket(raw._transport, options)
+    except BaseException:
+        raw.close()
+        raise
+    return raw
+
+
+async def _open(url: DatabaseURL, options: Options, tls: tls_.TLS, server: HostPort) -> Any:
     arguments = _arguments(url, options, server)
     if tls.context is None:
         return await asyncmy.connect(**arguments)

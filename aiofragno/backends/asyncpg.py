@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ from ..hosts import ServerRole
 from ..libpq import server_settings
 from ..pool import PooledDialect
 from ..url import DatabaseURL, HostPort, Options, describe_host
+from .tcp import tune_socket
 
 ERRORS = ErrorTable(
     codes=postgresql.CODES,
@@ -389,7 +389,8 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
                 raise error from exc
             raise
         try:
-            _tune_socket(raw, options)
+            # (asyncpg keeps its transport private; the socket is the standard one.)
+            tune_socket(raw._transport, options)  # type: ignore[attr-defined]
         except BaseException:
             raw.terminate()
             raise
@@ -446,34 +447,6 @@ def _role(row: Any) -> ServerRole:
         timeline=row["timeline"],
         replay_lag=None if lag is None else float(lag),
     )
-
-
-def _tune_socket(raw: asyncpg.Connection, options: Options) -> None:
-    """TCP keepalives and ``TCP_USER_TIMEOUT`` on a TCP connection (not a
-    Unix socket), so that a host that vanished without a word (no RST) is
-    noticed in seconds, not after the system's minutes of retransmissions."""
-    # (asyncpg keeps its transport private; the socket is the standard one.)
-    transport: asyncio.Transport = raw._transport  # type: ignore[attr-defined]
-    sock = transport.get_extra_info("socket")
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return
-    if options.keepalives_idle is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in (
-            ("TCP_KEEPIDLE", max(1, round(options.keepalives_idle))),
-            ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
-            ("TCP_KEEPCNT", KEEPALIVE_COUNT),
-        ):
-            if hasattr(socket, name):
-                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-    if options.tcp_user_timeout is not None and hasattr(socket, "TCP_USER_TIMEOUT"):
-        milliseconds = round(options.tcp_user_timeout * 1000)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, milliseconds)
-
-
-# Keepalive probes after keepalives_idle: one a second, five unanswered end it.
-KEEPALIVE_INTERVAL = 1
-KEEPALIVE_COUNT = 5
 
 
 def _tls_arguments(tls: tls_.TLS) -> dict[str, Any]:

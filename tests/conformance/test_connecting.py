@@ -4,7 +4,9 @@ session settings (libpq's ``options``, ``server_settings``), and libpq's
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import anyio
@@ -75,6 +77,35 @@ async def test_unix_socket(server: str, target: Target) -> None:
                 )
                 assert await db.fetch_value(sql) == "localhost"  # (TCP: address:port)
             assert quote(socket, safe="") in repr(db)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [("", (1, 5, 15_000)), ("keepalives_idle=3&tcp_user_timeout=2.5", (1, 3, 2_500))],
+    ids=["defaults", "set"],
+)
+async def test_tcp_keepalives_and_user_timeout(
+    server: str, target: Target, query: str, expected: tuple[int, int, int]
+) -> None:
+    """Every TCP connection, MySQL's too, notices a host that vanished
+    without a word: keepalive probes after ``keepalives_idle`` of silence,
+    and ``TCP_USER_TIMEOUT`` for data sent and never acknowledged."""
+    url = f"{server}{'&' if '?' in server else '?'}{query}" if query else server
+    async with af.connect(url, backend=target.backend) as db:
+        session = await db._engine.acquire()
+        try:
+            connection: Any = session.connection
+            connection = getattr(connection, "raw", connection)  # (trio: bridged)
+            sock = connection._raw._transport.get_extra_info("socket")
+            assert sock.family in (socket.AF_INET, socket.AF_INET6)
+            assert (
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+            ) == expected
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 5
+        finally:
+            await db._engine.release(session)
 
 
 async def test_application_name(server: str, target: Target) -> None:

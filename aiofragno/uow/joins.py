@@ -16,15 +16,16 @@ How a tree runs: every join is one more read, queued before the find, that
 selects its table's rows whose key is among the keys of its parent's rows —
 the parent's read itself, embedded as a derived table, so that it needs
 nothing from the parent's results and travels with it: one statement on
-PostgreSQL (see combine_reads), one batch (one round trip) elsewhere.
+PostgreSQL (see combine_reads), one batch (one round trip) elsewhere (but
+for a join read by key, below).
 Joined rows come back as rows of their own table through its decoder, so
 every value is as exact as in a plain find, and each ``id`` is a RowId
 with version and table, usable in ``update(..., check=True)``. A
 per-parent ``limit`` is a LIMIT per parent: in a LATERAL subquery
 (PostgreSQL) or a correlated ``IN (... LIMIT)`` (SQLite). Where the
-database has neither (MariaDB, MySQL), a join on the rows of a find whose
-page is at most :data:`BY_KEY_PARENTS` rows is read by key once that page is
-in: one ``WHERE <by> = <parent> ORDER BY ... LIMIT n`` per parent, which an
+database has neither (MariaDB, MySQL), a join without joins of its own on
+the rows of a find whose page is at most :data:`BY_KEY_PARENTS` rows is read
+by key once that page is in: one ``WHERE <by> = <parent> ORDER BY ... LIMIT n`` per parent, which an
 index on the reference and order columns reads no further than ``n`` rows,
 in a second batch of the retrieve's snapshot (one round trip more, see
 :mod:`.staged_reads`); anywhere else, each parent's rows are numbered with
@@ -288,16 +289,21 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         self.many = isinstance(node.spec, Many)
         self.link = node.link
         self.per_parent = node.per_parent
-        self.runs_after_parent = self._by_key(catalog, parent)
+        self.runs_after_parent = self._by_key(catalog, node, parent)
         self.query = self._compile(catalog, parent.query)
         self.joins = [JoinRead(catalog, child, self) for child in node.children]
         self._found: dict[str, Any] = {}
 
-    def _by_key(self, catalog: Catalog, parent: JoinRead | JoinedFind | JoinedFindFirst) -> bool:
-        """Whether this read runs by key after its parent's page (see the module's doc)."""
+    def _by_key(
+        self, catalog: Catalog, node: _Node, parent: JoinRead | JoinedFind | JoinedFindFirst
+    ) -> bool:
+        """Whether this read runs by key after its parent's page (see the
+        module's doc). Not with joins of its own: each of those embeds this
+        read's rows as one statement, which by key they are not."""
         capabilities = catalog.adapter.capabilities
         return (
             self.per_parent is not None
+            and not node.children
             and not (capabilities.supports_lateral or capabilities.supports_limit_in_subquery)
             and not isinstance(parent, JoinRead)
             and parent.limit is not None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 import pytest
@@ -448,3 +449,34 @@ async def test_statements_are_cached_by_shape_never_by_value(shop: Env) -> None:
             assert len(cache) <= 6
     finally:
         del cache.capacity
+
+
+async def test_a_limited_join_with_joins_of_its_own_under_a_page(shop: Env) -> None:
+    """A page of accounts (a limit, or find_first), each with its largest
+    transfers and, nested, the account each went to: the same rows as the
+    find without a limit, whatever the find's condition — the nested read
+    embeds the find's, with its values (MariaDB reads such a join by
+    numbering, not by key: its joins need its rows in one statement)."""
+    ids = await seed_transfers(shop)
+    largest = af.many(
+        "transfers", by="src", order_by=("amount", "desc"), limit=2, join={"to": af.one("dst")}
+    )
+
+    def shape(row: dict[str, Any]) -> tuple[str, list[tuple[int, str]]]:
+        return row["owner"], [(t["amount"], t["to"]["owner"]) for t in row["out"]]
+
+    async def unit(uow: af.UnitOfWork, where: Any, limit: int | None) -> Any:
+        first = uow.find_first("accounts", where, order_by="owner", join={"out": largest})
+        page = uow.find("accounts", where, order_by="owner", limit=limit, join={"out": largest})
+        await uow.retrieve()
+        return first.result, page.result
+
+    alice = ("alice", [(7, "bob"), (7, "carol")])  # (ties newest first)
+    conditions = [(None, True), ({"note": None}, True), (af.c.owner >= "a", True)]
+    for where, from_alice in [*conditions, (af.c.owner == "bob", False)]:
+        whole = await shop.run(partial(unit, where=where, limit=None))
+        paged = await shop.run(partial(unit, where=where, limit=2))
+        assert [shape(r) for r in paged[1]] == [shape(r) for r in whole[1]][:2], where
+        assert shape(paged[0]) == shape(whole[0]) == shape(whole[1][0])
+        assert (shape(whole[1][0]) == alice) is from_alice
+        assert whole[1][0]["out"][0]["src"] == ids["alice" if from_alice else "bob"]

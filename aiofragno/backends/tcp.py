@@ -19,8 +19,9 @@ def tune_socket(transport: asyncio.BaseTransport | None, options: Options) -> No
     sock = None if transport is None else transport.get_extra_info("socket")
     if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return
+    # (None: none at all, also where the driver turns them on by itself.)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, options.keepalives_idle is not None)
     if options.keepalives_idle is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         for name, value in (
             ("TCP_KEEPIDLE", max(1, round(options.keepalives_idle))),
             ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),

@@ -36,6 +36,8 @@ class StagedReads:
         self.first = [
             query for op, query in zip(reads, queries, strict=True) if not op.runs_after_parent
         ]
+        # (Told once, as the first batch's statements are: not again when
+        # the reads run again on a new connection.)
         self._on_query = on_query
         self._counts: list[int] = []  # per later read, its statements in the second batch
 
@@ -48,8 +50,9 @@ class StagedReads:
             self._counts.append(len(keyed))
             queries += keyed
         if self._on_query is not None:
+            tell, self._on_query = self._on_query, None
             for query in queries:
-                self._on_query(query)
+                tell(query)
         return queries
 
     def rows(self, results: Sequence[QueryResult]) -> list[list[Sequence[Any]]]:

@@ -80,16 +80,21 @@ async def test_unix_socket(server: str, target: Target) -> None:
 
 
 @pytest.mark.parametrize(
-    ("query", "expected"),
-    [("", (1, 5, 15_000)), ("keepalives_idle=3&tcp_user_timeout=2.5", (1, 3, 2_500))],
-    ids=["defaults", "set"],
+    ("query", "keepalive_idle", "user_timeout"),
+    [
+        ("", 5, 15_000),
+        ("keepalives_idle=3&tcp_user_timeout=2.5", 3, 2_500),
+        ("keepalives_idle=none&tcp_user_timeout=none", None, 0),
+    ],
+    ids=["defaults", "set", "none"],
 )
 async def test_tcp_keepalives_and_user_timeout(
-    server: str, target: Target, query: str, expected: tuple[int, int, int]
+    server: str, target: Target, query: str, keepalive_idle: int | None, user_timeout: int
 ) -> None:
     """Every TCP connection, MySQL's too, notices a host that vanished
-    without a word: keepalive probes after ``keepalives_idle`` of silence,
-    and ``TCP_USER_TIMEOUT`` for data sent and never acknowledged."""
+    without a word: keepalive probes after ``keepalives_idle`` of silence
+    (none at all with ``none``, though the driver would turn them on), and
+    ``TCP_USER_TIMEOUT`` for data sent and never acknowledged."""
     url = f"{server}{'&' if '?' in server else '?'}{query}" if query else server
     async with af.connect(url, backend=target.backend) as db:
         session = await db._engine.acquire()
@@ -98,12 +103,12 @@ async def test_tcp_keepalives_and_user_timeout(
             connection = getattr(connection, "raw", connection)  # (trio: bridged)
             sock = connection._raw._transport.get_extra_info("socket")
             assert sock.family in (socket.AF_INET, socket.AF_INET6)
-            assert (
-                sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
-                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
-                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
-            ) == expected
-            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 5
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == user_timeout
+            keepalive = sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+            assert keepalive == (keepalive_idle is not None)
+            if keepalive_idle is not None:
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == keepalive_idle
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 5
         finally:
             await db._engine.release(session)
 

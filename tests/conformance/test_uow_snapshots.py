@@ -22,6 +22,8 @@ import anyio
 import pytest
 
 import aiofragno as af
+from aiofragno.driver import CompiledQuery
+from aiofragno.session import Session
 from tests.conformance.uow_env import Env, write_after_first_read
 
 pytestmark = pytest.mark.anyio
@@ -235,3 +237,40 @@ async def test_a_join_read_by_key_after_its_page_sees_the_pages_snapshot(
         await shop.run(newer)
     rows = await shop.run(read)
     assert [[t["amount"] for t in row["last"]] for row in rows] == [[100, 2], [100, 4]]
+
+
+async def test_a_connection_lost_before_the_reads_by_key_reads_all_again(
+    shop: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MariaDB: the connection is killed after the page's batch, before the
+    batch reading its join by key. The retrieve reads everything again on
+    a new connection, from a new snapshot; ``on_query`` is told each
+    statement once, as it is for the reads of one batch."""
+    if shop.db.name != "mysql":
+        pytest.skip("reads by key: MariaDB and MySQL")
+    a, b, _, _ = await seed(shop)
+    for src, amount in ((a, 1), (a, 2), (b, 3), (b, 4)):
+        await shop.create("transfers", {"src": src, "dst": src, "amount": amount})
+    original = Session.execute_batch
+    killed: list[int] = []
+
+    async def execute_batch(self: Session, queries: Any, stop: Any = None) -> Any:
+        if not killed and queries[-1].sql == "ROLLBACK" and "transfers" in queries[0].sql:
+            (row,) = (await original(self, [CompiledQuery("SELECT CONNECTION_ID()")]))[0].rows
+            killed.append(int(row.raw[0]))
+            await shop.db.execute(af.sql(f"KILL CONNECTION {killed[0]}"))
+        return await original(self, queries, stop)
+
+    monkeypatch.setattr(Session, "execute_batch", execute_batch)
+    told: list[CompiledQuery] = []
+
+    async def read(uow: af.UnitOfWork) -> Any:
+        last = af.many("transfers", by="src", order_by=("amount", "desc"), limit=2)
+        found = uow.find("accounts", order_by="owner", limit=2, join={"last": last})
+        await uow.retrieve()
+        return [[t["amount"] for t in row["last"]] for row in found.result]
+
+    assert await shop.run(read, on_query=told.append) == [[2, 1], [4, 3]]
+    assert killed
+    by_key = [q for q in told if "transfers" in q.sql]
+    assert len(by_key) == len({q.parameters[0] for q in by_key}) == 2  # (one per account, once)

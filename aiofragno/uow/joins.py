@@ -24,12 +24,13 @@ with version and table, usable in ``update(..., check=True)``. A
 per-parent ``limit`` is a LIMIT per parent: in a LATERAL subquery
 (PostgreSQL) or a correlated ``IN (... LIMIT)`` (SQLite). Where the
 database has neither (MariaDB, MySQL), a join without joins of its own on
-the rows of a find whose page is at most :data:`BY_KEY_PARENTS` rows is read
-by key once that page is in: one ``WHERE <by> = <parent> ORDER BY ... LIMIT n`` per parent, which an
-index on the reference and order columns reads no further than ``n`` rows,
-in a second batch of the retrieve's snapshot (one round trip more, see
-:mod:`.staged_reads`); anywhere else, each parent's rows are numbered with
-``ROW_NUMBER()``, which reads and sorts all of them.
+the rows of a find whose page is at most :data:`BY_KEY_PARENTS` rows is
+read by key once that page is in: one ``WHERE <by> = <parent> ORDER BY ...
+LIMIT n`` per parent, which an index on the reference and order columns
+reads no further than ``n`` rows, in a second batch of the retrieve's
+snapshot (one round trip more, see :mod:`.staged_reads`); anywhere else,
+each parent's rows are numbered with ``ROW_NUMBER()``, which reads and
+sorts all of them.
 
 A ``where`` on a ``one`` join filters by the joined row's columns: it keeps
 only the rows whose referenced row matches (an inner join), as part of

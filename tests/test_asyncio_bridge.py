@@ -141,7 +141,9 @@ def test_a_connection_in_use_outlives_close_then_the_thread_stops(
 ) -> None:
     """The pool's contract holds through the bridge: closing the Database does
     not break a query in flight; the thread ends once that connection is back."""
-    pause = {"postgresql": "SELECT 7, pg_sleep(0.5)", "mysql": "SELECT 7, SLEEP(0.5)"}
+    # (The query outlasts the bound on close() by far: a loaded machine
+    # slows close() down, never to the query's length.)
+    pause = {"postgresql": "SELECT 7, pg_sleep(2)", "mysql": "SELECT 7, SLEEP(2)"}
 
     async def main() -> None:
         before = bridge_threads()
@@ -156,7 +158,7 @@ def test_a_connection_in_use_outlives_close_then_the_thread_stops(
             await trio.sleep(0.1)
             started = trio.current_time()
             await db.close()
-            assert trio.current_time() - started < 0.3, "close() waited for the query"
+            assert trio.current_time() - started < 1.0, "close() waited for the query"
             assert len(bridge_threads() - before) == 1
         assert results == [7]
         assert bridge_threads() - before == set()

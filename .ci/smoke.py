@@ -50,19 +50,34 @@ async def round_trip(url: str, backend: str | None = None) -> None:
     async with af.connect(url, backend=backend, outbox=True) as db:
         assert await db.fetch_value(af.sql("SELECT 1")) == 1
         namespace = f"smoke{os.getpid()}"
-        await db.migrate(LEDGER, namespace=namespace)
+        try:
+            await db.migrate(LEDGER, namespace=namespace)
 
-        async def write(uow: af.UnitOfWork) -> None:
-            uow.create("notes", {"text": "hello"})
+            async def write(uow: af.UnitOfWork) -> None:
+                uow.create("notes", {"text": "hello"})
 
-        await db.execute_uow(write, schema=LEDGER, namespace=namespace)
+            await db.execute_uow(write, schema=LEDGER, namespace=namespace)
 
-        async def read(uow: af.UnitOfWork) -> None:
-            found = uow.find("notes")
-            await uow.retrieve()
-            assert [row["text"] for row in found.result] == ["hello"], found.result
+            async def read(uow: af.UnitOfWork) -> None:
+                found = uow.find("notes")
+                await uow.retrieve()
+                assert [row["text"] for row in found.result] == ["hello"], found.result
 
-        await db.execute_uow(read, schema=LEDGER, namespace=namespace)
+            await db.execute_uow(read, schema=LEDGER, namespace=namespace)
+        finally:
+            await drop(db, namespace)
+
+
+async def drop(db: af.Database, namespace: str) -> None:
+    """What the round trip made on the shared server: its table, its schema
+    (PostgreSQL) and its migration's settings rows."""
+    layout = db.layout(LEDGER, namespace)
+    await db.execute(af.sql("DROP TABLE IF EXISTS {t}", t=layout.table("notes").identifier))
+    for schema in layout.db_schemas:
+        await db.execute(af.sql("DROP SCHEMA IF EXISTS {s}", s=af.Identifier(schema)))
+    settings = af.Identifier("fragno_db_settings")
+    key = af.Identifier("key")
+    await db.execute(af.sql("DELETE FROM {t} WHERE {k} LIKE {p}", t=settings, k=key, p=f"{namespace}.%"))
 
 
 async def traced(url: str) -> None:

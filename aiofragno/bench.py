@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 
 from .database import Database, connect
-from .demo import SHOP, Progress
+from .demo import SHOP, Progress, drop_namespace
 from .uow import ExponentialBackoff, UnitOfWork, UowHooks
 from .uow.expr import c
 from .url import parse_url
@@ -62,9 +62,17 @@ async def cmd_bench(args: argparse.Namespace, url: str | None) -> None:
 
 
 async def run_bench(db: Database, units: int, concurrency: int) -> None:
+    """The workload in a namespace of its own, dropped afterwards (its
+    tables, schema and settings): nothing stays in your database."""
     namespace = f"bench{uuid.uuid4().hex[:8]}"
-    await db.migrate(SHOP, namespace=namespace)
+    try:
+        await db.migrate(SHOP, namespace=namespace)
+        await _run(db, namespace, units, concurrency)
+    finally:
+        await drop_namespace(db, namespace)
 
+
+async def _run(db: Database, namespace: str, units: int, concurrency: int) -> None:
     async def open_accounts(uow: UnitOfWork) -> None:
         for i in range(ACCOUNTS):
             uow.create("accounts", {"owner": f"a{i:04}", "balance": 1_000})
@@ -99,7 +107,7 @@ async def run_bench(db: Database, units: int, concurrency: int) -> None:
             tg.start_soon(one)
     seconds = time.perf_counter() - started
     progress.close()
-    _report(db, units, seconds, latencies, conflicts)
+    _report(db, namespace, units, seconds, latencies, conflicts)
 
 
 async def _transfer(uow: UnitOfWork) -> None:
@@ -117,11 +125,17 @@ async def _transfer(uow: UnitOfWork) -> None:
 
 
 def _report(
-    db: Database, units: int, seconds: float, latencies: list[float], conflicts: int
+    db: Database,
+    namespace: str,
+    units: int,
+    seconds: float,
+    latencies: list[float],
+    conflicts: int,
 ) -> None:
     cuts = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
     rows: list[tuple[str, Any]] = [
         ("backend", db.backend),
+        ("namespace", f"{namespace} (dropped after the run)"),
         ("outbox", db.options.outbox),
         ("units", units),
         ("units/s", f"{units / seconds:,.1f}"),

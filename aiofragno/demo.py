@@ -19,6 +19,7 @@ import anyio
 
 from .database import Database, connect
 from .schema import Column, Index, Reference, Schema, Table
+from .settings_table import settings_names
 from .sql import Identifier, sql
 from .uow import ExponentialBackoff, UnitOfWork, UowHooks
 from .uow.expr import c
@@ -148,11 +149,17 @@ async def run_demo(url: str | None, *, units: int = 400, concurrency: int = 16) 
 
 
 async def drop_namespace(db: Database, namespace: str) -> None:
+    """Drop what migrating SHOP into ``namespace`` made: its tables, its
+    database schema (PostgreSQL) and its migration's settings rows."""
     layout = db.layout(SHOP, namespace)
     for name in ("transfers", "accounts"):
         await db.execute(sql("DROP TABLE IF EXISTS {t}", t=layout.table(name).identifier))
     for schema in layout.db_schemas:
         await db.execute(sql("DROP SCHEMA IF EXISTS {s}", s=Identifier(schema)))
+    names = settings_names()
+    await db.execute(
+        sql("DELETE FROM {t} WHERE {k} LIKE {p}", t=names["t"], k=names["k"], p=f"{namespace}.%")
+    )
 
 
 async def tour(db: Database, units: int, concurrency: int, namespace: str) -> None:

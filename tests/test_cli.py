@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 import aiofragno as af
+from aiofragno.demo import SHOP
 from tests.conftest import TARGETS, Target, require_target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -208,6 +209,25 @@ def test_bench(url: str) -> None:
     )
     assert report["units"].strip() == "40"
     assert float(report["units/s"].replace(",", "")) > 0
+    # It ran in a namespace of its own, which it dropped: nothing stays.
+    namespace = report["namespace"].split()[0]
+    assert namespace.startswith("bench")
+    anyio.run(_assert_dropped, url, namespace)
+
+
+async def _assert_dropped(url: str, namespace: str) -> None:
+    async with af.connect(url) as db:
+        layout = db.layout(SHOP, namespace)
+        for table in ("accounts", "transfers"):
+            with pytest.raises(af.ProgrammingError):
+                await db.fetch_value(af.sql("SELECT 1 FROM {t}", t=layout.table(table).identifier))
+        left = af.sql(
+            "SELECT COUNT(*) FROM {t} WHERE {k} LIKE {p}",
+            t=af.Identifier("fragno_db_settings"),
+            k=af.Identifier("key"),
+            p=f"{namespace}.%",
+        )
+        assert await db.fetch_value(left) == 0
 
 
 def test_bench_compare_outside_a_checkout(tmp_path: Path) -> None:

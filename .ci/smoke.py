@@ -26,6 +26,7 @@ from pathlib import Path
 import anyio
 
 import aiofragno as af
+from aiofragno.demo import drop_namespace
 
 URLS = {
     "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
@@ -65,19 +66,8 @@ async def round_trip(url: str, backend: str | None = None) -> None:
 
             await db.execute_uow(read, schema=LEDGER, namespace=namespace)
         finally:
-            await drop(db, namespace)
+            await drop_namespace(db, namespace, LEDGER)
 
-
-async def drop(db: af.Database, namespace: str) -> None:
-    """What the round trip made on the shared server: its table, its schema
-    (PostgreSQL) and its migration's settings rows."""
-    layout = db.layout(LEDGER, namespace)
-    await db.execute(af.sql("DROP TABLE IF EXISTS {t}", t=layout.table("notes").identifier))
-    for schema in layout.db_schemas:
-        await db.execute(af.sql("DROP SCHEMA IF EXISTS {s}", s=af.Identifier(schema)))
-    settings = af.Identifier("fragno_db_settings")
-    key = af.Identifier("key")
-    await db.execute(af.sql("DELETE FROM {t} WHERE {k} LIKE {p}", t=settings, k=key, p=f"{namespace}.%"))
 
 
 async def traced(url: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from .database import Database, connect
-from .schema import Column, Index, Reference, Schema, Table
+from .schema import Column, Index, Reference, Schema, Table, tables_in_dependency_order
 from .settings_table import settings_names
 from .sql import Identifier, sql
 from .uow import ExponentialBackoff, UnitOfWork, UowHooks
@@ -148,14 +148,15 @@ async def run_demo(url: str | None, *, units: int = 400, concurrency: int = 16) 
                     await drop_namespace(db, namespace)
 
 
-async def drop_namespace(db: Database, namespace: str) -> None:
-    """Drop what migrating SHOP into ``namespace`` made: its tables, its
-    database schema (PostgreSQL) and its migration's settings rows."""
-    layout = db.layout(SHOP, namespace)
-    for name in ("transfers", "accounts"):
-        await db.execute(sql("DROP TABLE IF EXISTS {t}", t=layout.table(name).identifier))
-    for schema in layout.db_schemas:
-        await db.execute(sql("DROP SCHEMA IF EXISTS {s}", s=Identifier(schema)))
+async def drop_namespace(db: Database, namespace: str, schema: Schema = SHOP) -> None:
+    """Drop what migrating ``schema`` into ``namespace`` made: its tables
+    (those that reference others first), its database schema (PostgreSQL)
+    and its migration's settings rows."""
+    layout = db.layout(schema, namespace)
+    for table in reversed(list(tables_in_dependency_order(schema))):
+        await db.execute(sql("DROP TABLE IF EXISTS {t}", t=layout.table(table.name).identifier))
+    for db_schema in layout.db_schemas:
+        await db.execute(sql("DROP SCHEMA IF EXISTS {s}", s=Identifier(db_schema)))
     names = settings_names()
     await db.execute(
         sql("DELETE FROM {t} WHERE {k} LIKE {p}", t=names["t"], k=names["k"], p=f"{namespace}.%")

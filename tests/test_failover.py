@@ -200,6 +200,15 @@ async def test_a_primary_turned_read_only_is_waited_out(
 
         await _reconfigure(primary, "SET default_transaction_read_only = on")
         try:
+            # (pg_reload_conf() only signals: an idle connection takes the
+            # setting when the signal reaches it, which may come after its
+            # next command. Until then the unit could write and never wait.)
+            with anyio.fail_after(5):
+                read_only = af.sql("SHOW default_transaction_read_only")
+                while True:
+                    if await db.fetch_value(read_only) == "on":
+                        break
+                    await anyio.sleep(0.01)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(unit)
                 # Until the unit has met the read-only primary and waits (a

@@ -66,6 +66,7 @@ class TableInfo:
         for column in self.table.columns.values():
             self.columns[column.name] = _column_info(catalog, column)
         self.decimal_as_text = catalog.codec.storage.decimal == "text"
+        self.unique_keys = _unique_keys(self.table)
         self._catalog = catalog
         self._selections: dict[tuple[str, ...], Selection] = {}
         # What operations build once per shape on this table (aggregate plans).
@@ -149,6 +150,17 @@ def _external_id(value: Any) -> Any:
     if not isinstance(value, str):
         raise ValidationError(f"expected an id (str or RowId), got {type(value).__name__}")
     return str(value)
+
+
+def _unique_keys(table: Table[Any]) -> tuple[frozenset[str], ...]:
+    """The sets of columns that no two rows have equal: the external id, and
+    the columns of each unique index over NOT NULL columns (NULLs repeat)."""
+    keys = [frozenset((EXTERNAL_ID,))]
+    for index in table.indexes.values():
+        names = index.columns
+        if index.unique and all(n == EXTERNAL_ID or not table.columns[n].nullable for n in names):
+            keys.append(frozenset(names))
+    return tuple(keys)
 
 
 def _column_info(catalog: Catalog, column: Column) -> ColumnInfo:

@@ -276,6 +276,17 @@ def where_expr(where: Expr | Mapping[str, Any] | None) -> Expr | None:
     return parts[0] if len(parts) == 1 else _Bool("AND", tuple(parts))
 
 
+def fixed_columns(where: Expr | None) -> frozenset[str]:
+    """The columns ``where`` holds equal to one value in every row it
+    matches: those compared with ``=`` in it, or in a part of its top-level
+    AND."""
+    if isinstance(where, _Compare):
+        return frozenset((where.column,)) if where.op == "=" else frozenset()
+    if isinstance(where, _Bool) and where.op == "AND":
+        return frozenset().union(*map(fixed_columns, where.parts))
+    return frozenset()
+
+
 def equalities(where: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a dict ``where`` (column -> value), its keys checked."""
     for name in where:

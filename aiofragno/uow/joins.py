@@ -53,7 +53,7 @@ from ..row_types import JoinCheck, check_row_type, members
 from ..schema import Table, table_name
 from .catalog import ALIAS, Catalog, TableInfo
 from .compiling import Compiling
-from .expr import Expr, where_expr
+from .expr import Expr, fixed_columns, where_expr
 from .ops import Find, FindFirst, ReadRows, RetrievalOp, cached_text, order_text, parse_order
 
 MAX_DEPTH = 4
@@ -365,7 +365,7 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
     def render_from(self, ctx: Compiling, *, keys_only: bool = False) -> None:
         # (No limit of its own: as the parent of a join, the same rows.)
         table = self.table
-        order = order_text(table, self.order)
+        order = order_text(table, self.order, self._fixed())
         limit = self.per_parent
         if limit is None:
             ctx.text(f"{table.select_from} WHERE ")
@@ -398,6 +398,12 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         _render_on(ctx, self.parent.table, partial(self.parent.render_from, keys_only=True))
         ctx.text(") p")
 
+    def _fixed(self) -> frozenset[str]:
+        """The columns equal among one parent's rows of a ``many``: its
+        reference, and those its ``where`` holds to one value (see
+        :func:`.ops.with_tie`: each parent's rows are ordered on their own)."""
+        return fixed_columns(self.where) | {self.link}
+
     def _render_where(self, ctx: Compiling) -> None:
         if self.where is not None:
             ctx.text(" AND ")
@@ -413,7 +419,7 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         )
         ctx.raw_value(0)
         self._render_where(ctx)
-        ctx.text(f" ORDER BY {order_text(table, self.order)} LIMIT ")
+        ctx.text(f" ORDER BY {order_text(table, self.order, self._fixed())} LIMIT ")
         ctx.limit(self.per_parent)
 
     def _render_numbered(self, ctx: Compiling, order: str, limit: int) -> None:

@@ -31,7 +31,7 @@ from ..schema import EXTERNAL_ID, INTERNAL_ID, VERSION, RowId, new_external_id
 from ..sqltext import SqlText
 from .catalog import Catalog, ColumnInfo, TableInfo
 from .compiling import Compiling, bind, row_id
-from .expr import Expr, equalities, where_expr
+from .expr import Expr, equalities, fixed_columns, where_expr
 
 
 class _Missing(Enum):
@@ -218,23 +218,32 @@ def _check_pageable(table: TableInfo, order: tuple[tuple[str, bool], ...]) -> No
 Order = tuple[tuple[str, bool], ...]
 
 
-def with_tie(order: Order) -> Order:
+def with_tie(table: TableInfo, order: Order, fixed: frozenset[str] = frozenset()) -> Order:
     """``order`` and then its tie-break: the internal id (creation order), in
     the direction of the order's last column — newest first after a
     descending one. So an index on the order's columns, which holds the
     internal id after them (InnoDB, SQLite) or lets the database sort only
     within equal values (PostgreSQL), serves the whole order read forwards
     or backwards: an ascending tie after ``seq DESC`` made MariaDB and
-    SQLite sort every matching row before a LIMIT."""
+    SQLite sort every matching row before a LIMIT.
+
+    No tie-break where no two rows can tie: where the order's columns and
+    ``fixed`` (those the condition holds to one value) include a unique key
+    (:attr:`TableInfo.unique_keys`). A unique index holds no internal id
+    after its columns on MariaDB, so an order by them and the id made it
+    read and sort every matching row, ignoring the index."""
+    names = fixed.union(name for name, _ in order)
+    if order and any(key <= names for key in table.unique_keys):
+        return order
     return (*order, (INTERNAL_ID, bool(order) and order[-1][1]))
 
 
-def order_text(table: TableInfo, order: Order) -> str:
+def order_text(table: TableInfo, order: Order, fixed: frozenset[str] = frozenset()) -> str:
     """``ORDER BY``'s terms for ``order`` with its tie-break (:func:`with_tie`)."""
     return ", ".join(
         f"{table.internal_id if name == INTERNAL_ID else table.column(name).qualified}"
         f"{' DESC' if desc else ''}"
-        for name, desc in with_tie(order)
+        for name, desc in with_tie(table, order, fixed)
     )
 
 
@@ -347,24 +356,26 @@ class ReadRows(RetrievalOp[ResultT]):
         table = self.table
         ctx.text(self.select_from)
         where = self.where if self.equal is None else where_expr(self.equal)
+        fixed = fixed_columns(where)
         conditions = [c for c in (where, self.after) if c is not None]
         for i, condition in enumerate(conditions):
             ctx.text(" WHERE " if i == 0 else " AND ")
             if isinstance(condition, list):  # the keyset of ``after``
-                self._render_keyset(ctx, condition)
+                self._render_keyset(ctx, with_tie(table, self.order, fixed), condition)
             else:
                 condition.render(ctx)
         if ctx.build_text:  # (the walk for parameters alone skips building text)
-            ctx.text(f" ORDER BY {order_text(table, self.order)}")
+            ctx.text(f" ORDER BY {order_text(table, self.order, fixed)}")
         if self.limit is not None:
             ctx.text(" LIMIT ")
             # One more tells whether another page exists.
             ctx.limit(self.limit if keys_only else self.limit + 1)
 
-    def _render_keyset(self, ctx: Compiling, values: list[Any]) -> None:
-        """Rows after ``values`` in the order: (a, b, _id) > (va, vb, vid),
-        spelled out so that each column can have its own direction."""
-        columns = with_tie(self.order)
+    def _render_keyset(self, ctx: Compiling, columns: Order, values: list[Any]) -> None:
+        """Rows after ``values`` (the order's, then the internal id) in the
+        order ``columns``: (a, b, _id) > (va, vb, vid), spelled out so that
+        each column can have its own direction; without the id where
+        ``columns`` has no tie-break (the order's values are unique)."""
         ctx.text("(")
         for i, (name, desc) in enumerate(columns):
             if i:

@@ -23,8 +23,11 @@ every value is as exact as in a plain find, and each ``id`` is a RowId
 with version and table, usable in ``update(..., check=True)``. A
 per-parent ``limit`` is a LIMIT per parent: in a LATERAL subquery
 (PostgreSQL) or a correlated ``IN (... LIMIT)`` (SQLite). Where the
-database has neither (MariaDB, MySQL), a join without joins of its own on
-the rows of a find whose page is at most :data:`BY_KEY_PARENTS` rows is
+database has neither (MariaDB, MySQL), a join under a find's page of one
+row (``find_first``, ``limit=1``) takes that row's key from the find's read
+embedded as a scalar subquery, in its own statement; a join without joins
+of its own on the rows of a find whose page is at most
+:data:`BY_KEY_PARENTS` rows is
 read by key once that page is in: one ``WHERE <by> = <parent> ORDER BY ...
 LIMIT n`` per parent, which an index on the reference and order columns
 reads no further than ``n`` rows, in a second batch of the retrieve's
@@ -290,10 +293,27 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         self.many = isinstance(node.spec, Many)
         self.link = node.link
         self.per_parent = node.per_parent
+        # Where no statement can limit rows per parent (MariaDB), the
+        # first rows of the one parent of a page of one row, read by that
+        # parent's key taken from its read in the same statement.
+        self.of_one_parent = self._no_limit_per_parent(catalog, parent) and parent.limit == 1
         self.runs_after_parent = self._by_key(catalog, node, parent)
         self.query = self._compile(catalog, parent.query)
         self.joins = [JoinRead(catalog, child, self) for child in node.children]
         self._found: dict[str, Any] = {}
+
+    def _no_limit_per_parent(
+        self, catalog: Catalog, parent: JoinRead | JoinedFind | JoinedFindFirst
+    ) -> bool:
+        """Whether this is a ``many`` with a limit, on a database that can
+        limit rows per parent in no statement, under a find's page."""
+        capabilities = catalog.adapter.capabilities
+        return (
+            self.per_parent is not None
+            and not (capabilities.supports_lateral or capabilities.supports_limit_in_subquery)
+            and not isinstance(parent, JoinRead)
+            and parent.limit is not None
+        )
 
     def _by_key(
         self, catalog: Catalog, node: _Node, parent: JoinRead | JoinedFind | JoinedFindFirst
@@ -301,12 +321,10 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         """Whether this read runs by key after its parent's page (see the
         module's doc). Not with joins of its own: each of those embeds this
         read's rows as one statement, which by key they are not."""
-        capabilities = catalog.adapter.capabilities
         return (
-            self.per_parent is not None
+            self._no_limit_per_parent(catalog, parent)
+            and not self.of_one_parent
             and not node.children
-            and not (capabilities.supports_lateral or capabilities.supports_limit_in_subquery)
-            and not isinstance(parent, JoinRead)
             and parent.limit is not None
             and parent.limit <= BY_KEY_PARENTS
         )
@@ -370,6 +388,10 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         if limit is None:
             ctx.text(f"{table.select_from} WHERE ")
             self._render_matching(ctx)
+        elif self.of_one_parent:
+            ctx.text(f"{table.select_from} WHERE ")
+            self._render_of_one_parent(ctx, order, limit)
+            return
         elif ctx.catalog.adapter.capabilities.supports_lateral:
             ctx.text(f"{table.select_from} WHERE ")
             self._render_lateral(ctx, order, limit)
@@ -421,6 +443,18 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         self._render_where(ctx)
         ctx.text(f" ORDER BY {order_text(table, self.order, self._fixed())} LIMIT ")
         ctx.limit(self.per_parent)
+
+    def _render_of_one_parent(self, ctx: Compiling, order: str, limit: int) -> None:
+        """A many's first ``limit`` rows of the one row of its parent's page:
+        its key from the parent's read, a scalar subquery (NULL, so no row,
+        where the page is empty); an index on the reference and order
+        columns reads no further than ``limit`` rows."""
+        ctx.text(f"{self.table.column(self.link).qualified} = (SELECT p.k FROM ")
+        self._render_parent_keys(ctx, self.parent.table.internal_id)
+        ctx.text(")")
+        self._render_where(ctx)
+        ctx.text(f" ORDER BY {order} LIMIT ")
+        ctx.limit(limit)
 
     def _render_numbered(self, ctx: Compiling, order: str, limit: int) -> None:
         """A many's first ``limit`` rows per parent: the ids of all

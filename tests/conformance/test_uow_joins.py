@@ -455,8 +455,9 @@ async def test_a_limited_join_with_joins_of_its_own_under_a_page(shop: Env) -> N
     """A page of accounts (a limit, or find_first), each with its largest
     transfers and, nested, the account each went to: the same rows as the
     find without a limit, whatever the find's condition — the nested read
-    embeds the find's, with its values (MariaDB reads such a join by
-    numbering, not by key: its joins need its rows in one statement)."""
+    embeds the find's, with its values (MariaDB numbers such a join's rows
+    under the page, not by key: its joins need its rows in one statement;
+    under find_first it takes the row's key in that statement)."""
     ids = await seed_transfers(shop)
     largest = af.many(
         "transfers", by="src", order_by=("amount", "desc"), limit=2, join={"to": af.one("dst")}
@@ -480,3 +481,55 @@ async def test_a_limited_join_with_joins_of_its_own_under_a_page(shop: Env) -> N
         assert shape(paged[0]) == shape(whole[0]) == shape(whole[1][0])
         assert (shape(whole[1][0]) == alice) is from_alice
         assert whole[1][0]["out"][0]["src"] == ids["alice" if from_alice else "bob"]
+
+
+async def test_a_join_under_a_page_of_one_row_travels_with_it(
+    shop: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``find_first`` or a page of one row, each with its account's newest
+    transfers: the rows of the same join without a limit on the find,
+    page after page, for a find that finds nothing too. On MariaDB the join
+    takes that row's key from the find's read within its own statement, so
+    the retrieve is one batch, one round trip, as elsewhere."""
+    await seed_transfers(shop)
+    batches: list[int] = []
+    execute_batch = Session.execute_batch
+
+    async def spying(self_: Session, queries: Any, stop: Any = None) -> Any:
+        batches.append(len(queries))
+        return await execute_batch(self_, queries, stop)
+
+    newest = af.many("transfers", by="src", where=af.c.amount > 1, order_by="amount", limit=2)
+
+    def shape(row: dict[str, Any] | None) -> Any:
+        return row and (row["owner"], [(t["amount"], t["dst"]) for t in row["out"]])
+
+    async def unit(uow: af.UnitOfWork, where: Any, after: str | None) -> Any:
+        first = uow.find_first("accounts", where, order_by="owner", join={"out": newest})
+        page = uow.find(
+            "accounts", where, order_by="owner", limit=1, after=after, join={"out": newest}
+        )
+        await uow.retrieve()
+        return first.result, page.result
+
+    whole = await shop.find("accounts", order_by="owner", join={"out": newest})
+    assert [len(row["out"]) for row in whole] == [2, 1, 0]
+    monkeypatch.setattr(Session, "execute_batch", spying)
+    texts: list[str] = []
+    seen, after = [], None
+    while True:
+        first, page = await shop.run(
+            partial(unit, where=None, after=after), on_query=lambda q: texts.append(q.sql)
+        )
+        assert shape(first) == shape(whole[0])
+        seen += page
+        if page.cursor is None:
+            break
+        after = page.cursor
+    assert [shape(row) for row in seen] == [shape(row) for row in whole]
+    nothing = await shop.run(partial(unit, where={"owner": "nobody"}, after=None))
+    assert nothing == (None, [])
+    assert len(batches) == len(seen) + 1  # (one per unit)
+    if shop.db.name == "mysql":
+        joined = [text for text in texts if "transfers" in text]
+        assert joined and all("= (SELECT p.k FROM" in text for text in joined)

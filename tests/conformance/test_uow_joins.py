@@ -246,8 +246,9 @@ async def test_self_reference_nested_to_the_bound(make_env: MakeEnv) -> None:
     ]
 
 
-async def test_one_round_trip_per_retrieve(shop: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    await seed_transfers(shop)
+def _batch_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of statements of each batch sessions send from now on
+    (a batch: one round trip where the driver sends it at once)."""
     batches: list[int] = []
     execute_batch = Session.execute_batch
 
@@ -256,6 +257,12 @@ async def test_one_round_trip_per_retrieve(shop: Env, monkeypatch: pytest.Monkey
         return await execute_batch(self_, queries, stop)
 
     monkeypatch.setattr(Session, "execute_batch", spying)
+    return batches
+
+
+async def test_one_round_trip_per_retrieve(shop: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    await seed_transfers(shop)
+    batches = _batch_sizes(monkeypatch)
 
     async def unit(uow: af.UnitOfWork) -> int:
         rows = uow.find(
@@ -492,13 +499,6 @@ async def test_a_join_under_a_page_of_one_row_travels_with_it(
     takes that row's key from the find's read within its own statement, so
     the retrieve is one batch, one round trip, as elsewhere."""
     await seed_transfers(shop)
-    batches: list[int] = []
-    execute_batch = Session.execute_batch
-
-    async def spying(self_: Session, queries: Any, stop: Any = None) -> Any:
-        batches.append(len(queries))
-        return await execute_batch(self_, queries, stop)
-
     newest = af.many("transfers", by="src", where=af.c.amount > 1, order_by="amount", limit=2)
 
     def shape(row: dict[str, Any] | None) -> Any:
@@ -514,7 +514,7 @@ async def test_a_join_under_a_page_of_one_row_travels_with_it(
 
     whole = await shop.find("accounts", order_by="owner", join={"out": newest})
     assert [len(row["out"]) for row in whole] == [2, 1, 0]
-    monkeypatch.setattr(Session, "execute_batch", spying)
+    batches = _batch_sizes(monkeypatch)
     texts: list[str] = []
     seen, after = [], None
     while True:

@@ -81,6 +81,9 @@ class Database(Queries):
         self._layouts: dict[tuple[int, str], Layout] = {}
         self._physical_names = PhysicalNames(INTERNAL_TABLES)
         self._catalogs: dict[int, Catalog] = {}
+        # Layouts (by id) that a migration of this Database found or made
+        # as declared: their catalogs trust the declared unique indexes.
+        self._confirmed: set[int] = set()
         self._table_identities: dict[tuple[str, ...], TableIdentity] = {}
         self.outbox = OutboxReader(engine)
         self._replicas: ReplicaSet | None = None
@@ -163,7 +166,12 @@ class Database(Queries):
         if catalog is None:
             engine = self._engine
             catalog = self._catalogs[id(layout)] = Catalog(
-                layout, engine.compiler, engine.codec, engine.adapter, self._table_identities
+                layout,
+                engine.compiler,
+                engine.codec,
+                engine.adapter,
+                self._table_identities,
+                unique_indexes_confirmed=id(layout) in self._confirmed,
             )
         return catalog
 
@@ -351,6 +359,11 @@ class Database(Queries):
                 if not session.broken:
                     for statement in spec.migration_teardown_sql:
                         await session.execute(CompiledQuery(statement))
+            if not (dry_run and result.changed):
+                # The database is as declared: later units' catalog trusts
+                # its unique indexes (see uow.catalog._unique_keys).
+                self._confirmed.add(id(layout))
+                self._catalogs.pop(id(layout), None)
             return result
         finally:
             await engine.release(session)

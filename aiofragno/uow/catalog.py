@@ -66,7 +66,7 @@ class TableInfo:
         for column in self.table.columns.values():
             self.columns[column.name] = _column_info(catalog, column)
         self.decimal_as_text = catalog.codec.storage.decimal == "text"
-        self.unique_keys = _unique_keys(self.table)
+        self.unique_keys = _unique_keys(self.table, catalog.unique_indexes_confirmed)
         self._catalog = catalog
         self._selections: dict[tuple[str, ...], Selection] = {}
         # What operations build once per shape on this table (aggregate plans).
@@ -152,10 +152,16 @@ def _external_id(value: Any) -> Any:
     return str(value)
 
 
-def _unique_keys(table: Table[Any]) -> tuple[frozenset[str], ...]:
+def _unique_keys(table: Table[Any], confirmed: bool) -> tuple[frozenset[str], ...]:
     """The sets of columns that no two rows have equal: the external id, and
-    the columns of each unique index over NOT NULL columns (NULLs repeat)."""
+    — where the database is known to have them (``confirmed``) — the
+    columns of each declared unique index over NOT NULL columns (NULLs
+    repeat). A declaration ahead of the database (its migration not run, or
+    refused: rows share a key) must not make an order drop its tie-break:
+    pages would skip the rows it ties."""
     keys = [frozenset((EXTERNAL_ID,))]
+    if not confirmed:
+        return tuple(keys)
     for index in table.indexes.values():
         names = index.columns
         if index.unique and all(n == EXTERNAL_ID or not table.columns[n].nullable for n in names):
@@ -209,8 +215,12 @@ class Catalog:
         codec: ValueCodec,
         adapter: DialectAdapter,
         identities: dict[tuple[str, ...], TableIdentity],
+        unique_indexes_confirmed: bool = False,
     ) -> None:
         self.layout = layout
+        # Whether a migration of this layout found (or made) the database as
+        # declared, its unique indexes included (see _unique_keys).
+        self.unique_indexes_confirmed = unique_indexes_confirmed
         self.compiler = compiler
         self.codec = codec
         self.adapter = adapter

@@ -24,6 +24,7 @@ from tests.conformance.uow_env import (
     MakeEnv,
     seed_accounts,
 )
+from tests.conftest import Target
 
 pytestmark = pytest.mark.anyio
 
@@ -543,6 +544,71 @@ def _ties_broken(sql: str) -> bool:
 
 
 async def _read_page(uow: af.UnitOfWork, *, find: dict[str, Any], after: str | None) -> Any:
-    page = uow.find("users", after=after, **find)
+    return await _read_from("users", uow, find=find, after=after)
+
+
+async def _read_from(
+    table: str, uow: af.UnitOfWork, *, find: dict[str, Any], after: str | None
+) -> Any:
+    page = uow.find(table, after=after, **find)
     await uow.retrieve()
     return page.result
+
+
+def _emails(unique: bool) -> af.Schema:
+    index = [af.Index("by_email", ["email"], unique=True)] if unique else []
+    return af.Schema(
+        "dupes", af.Table("u", af.Column("email", "string"), af.Column("n", "bigint"), *index)
+    )
+
+
+async def test_a_unique_index_orders_without_ties_once_a_migration_confirms_it(
+    make_env: MakeEnv, url: str, target: Target
+) -> None:
+    """A declared unique index that the database may lack — its migration
+    refused because rows share a key, or not run by this Database — leaves
+    an order by its columns its tie-break, so pages read every row, ties in
+    creation order. Once a migration (or a dry run with nothing to do)
+    finds the database as declared, the order goes without it."""
+    plain, unique = _emails(False), _emails(True)
+    env = await make_env(plain)
+    await env.create("u", *({"email": f"e{n % 2}", "n": n} for n in range(6)))
+    with pytest.raises(af.MigrationError, match="by_email"):
+        await env.db.migrate(unique, namespace=env.namespace)
+    sent: list[CompiledQuery] = []
+
+    async def pages(db: af.Database) -> list[int]:
+        seen: list[int] = []
+        after = None
+        while True:
+            find = {"order_by": "email", "limit": 2}
+            page = await db.execute_uow(
+                partial(_read_from, "u", find=find, after=after),
+                schema=unique,
+                namespace=env.namespace,
+                on_query=sent.append,
+            )
+            seen += [row["n"] for row in page]
+            if page.cursor is None:
+                return seen
+            after = page.cursor
+
+    assert await pages(env.db) == [0, 2, 4, 1, 3, 5]
+    assert sent and all(_ties_broken(q.sql) for q in sent)
+
+    async def keep_two(uow: af.UnitOfWork) -> None:
+        uow.delete_many("u", af.c.n >= 2)
+
+    await env.run(keep_two)
+    await env.db.migrate(unique, namespace=env.namespace)
+    sent.clear()
+    assert await pages(env.db) == [0, 1]
+    assert sent and not any(_ties_broken(q.sql) for q in sent)
+    async with af.connect(url, backend=target.backend) as other:  # (as another process)
+        sent.clear()
+        assert await pages(other) == [0, 1]
+        assert all(_ties_broken(q.sql) for q in sent)
+        assert not (await other.migrate(unique, namespace=env.namespace, dry_run=True)).changed
+        sent.clear()
+        assert await pages(other) == [0, 1]
+        assert not any(_ties_broken(q.sql) for q in sent)

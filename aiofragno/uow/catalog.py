@@ -66,6 +66,7 @@ class TableInfo:
         for column in self.table.columns.values():
             self.columns[column.name] = _column_info(catalog, column)
         self.decimal_as_text = catalog.codec.storage.decimal == "text"
+        self.sorts_long_values_by_prefix = catalog.adapter.capabilities.sorts_long_values_by_prefix
         self.unique_keys = _unique_keys(self.table, catalog.unique_indexes_confirmed)
         self._catalog = catalog
         self._selections: dict[tuple[str, ...], Selection] = {}

@@ -203,15 +203,28 @@ class RetrievalOp(ABC, Generic[ResultT]):
         """The result a dry run gives."""
 
 
+# Kinds of unbounded values (longtext, longblob on MariaDB and MySQL).
+_LONG_KINDS = frozenset({"text", "binary", "json", "json_document"})
+
+
 def _check_pageable(table: TableInfo, order: tuple[tuple[str, bool], ...]) -> None:
-    """Keyset pages need a total order without NULLs."""
+    """Keyset pages need a total order without NULLs, which the database
+    sorts as its comparisons compare."""
     for name, _ in order:
-        column = table.columns[name].column
+        info = table.columns[name]
+        column = info.column
         if column is not None and column.nullable:
             raise ValidationError(
                 f"{table.name}.{name} may be NULL, so find(limit=...) cannot page by it "
                 "without losing rows; order by a NOT NULL column (or filter out NULLs "
                 "and page without this column)"
+            )
+        if info.kind in _LONG_KINDS and table.sorts_long_values_by_prefix:
+            raise ValidationError(
+                f"{table.name}.{name} is a {info.kind} column, which this database sorts "
+                "by its first bytes only (max_sort_length), so find(limit=...) cannot page "
+                "by it without repeating and losing rows; order by a string or varchar(n) "
+                "column"
             )
 
 

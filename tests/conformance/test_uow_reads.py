@@ -612,3 +612,33 @@ async def test_a_unique_index_orders_without_ties_once_a_migration_confirms_it(
         sent.clear()
         assert await pages(other) == [0, 1]
         assert not any(_ties_broken(q.sql) for q in sent)
+
+
+LONG_TEXT = af.Schema("long_text", af.Table("notes", af.Column("body", "text")))
+
+
+async def test_pages_ordered_by_long_text_see_every_row_once(make_env: MakeEnv) -> None:
+    """Text values equal in their first 1,100 characters page in order,
+    each row once, in both directions. MariaDB sorts text by its first
+    1,024 bytes only (max_sort_length), where a cursor's comparison takes
+    the whole value: pages repeated and skipped rows, so it refuses them."""
+    env = await make_env(LONG_TEXT)
+    prefix = "p" * 1100
+    bodies = [prefix + tail for tail in ("d", "a", "f", "b", "e", "c")]
+    await env.create("notes", *({"body": body} for body in bodies))
+    for limit in (1, 2, 4):
+        for direction in ("asc", "desc"):
+            find = {"order_by": ("body", direction), "limit": limit}
+            if env.db.name == "mysql":
+                with pytest.raises(af.ValidationError, match="sorts by its first bytes only"):
+                    await env.run(partial(_read_from, "notes", find=find, after=None))
+                continue
+            seen: list[str] = []
+            after = None
+            while True:
+                page = await env.run(partial(_read_from, "notes", find=find, after=after))
+                seen += [row["body"][-1] for row in page]
+                if page.cursor is None:
+                    break
+                after = page.cursor
+            assert seen == sorted("abcdef", reverse=direction == "desc"), (limit, direction)

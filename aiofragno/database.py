@@ -81,9 +81,10 @@ class Database(Queries):
         self._layouts: dict[tuple[int, str], Layout] = {}
         self._physical_names = PhysicalNames(INTERNAL_TABLES)
         self._catalogs: dict[int, Catalog] = {}
-        # Layouts (by id) that a migration of this Database found or made
-        # as declared: their catalogs trust the declared unique indexes.
-        self._confirmed: set[int] = set()
+        # Layouts (by id, with their namespace) that a migration of this
+        # Database found or made as declared: their catalogs trust the
+        # declared unique indexes, until a migration of the namespace.
+        self._confirmed: dict[int, str] = {}
         self._table_identities: dict[tuple[str, ...], TableIdentity] = {}
         self.outbox = OutboxReader(engine)
         self._replicas: ReplicaSet | None = None
@@ -322,6 +323,9 @@ class Database(Queries):
                 f"got {type(plan).__name__}"
             )
         layout = self.layout(schema, namespace)
+        # Whatever it changes, a migration of the namespace may drop a unique
+        # index that another schema object of it declares.
+        self._unconfirm(layout.namespace)
         engine = self._engine
         transactional = engine.adapter.capabilities.supports_transactional_ddl
         spec = self._ddl.spec
@@ -362,11 +366,18 @@ class Database(Queries):
             if not (dry_run and result.changed):
                 # The database is as declared: later units' catalog trusts
                 # its unique indexes (see uow.catalog._unique_keys).
-                self._confirmed.add(id(layout))
+                self._confirmed[id(layout)] = layout.namespace
                 self._catalogs.pop(id(layout), None)
             return result
         finally:
             await engine.release(session)
+
+    def _unconfirm(self, namespace: str) -> None:
+        """Trust no declared unique index of ``namespace`` until a migration
+        confirms it again: later units' catalogs keep the tie-break."""
+        for key in [key for key, name in self._confirmed.items() if name == namespace]:
+            del self._confirmed[key]
+            self._catalogs.pop(key, None)
 
     async def migration_plan(
         self,

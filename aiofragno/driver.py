@@ -355,11 +355,11 @@ class Capabilities:
     # a correlated subquery in IN (...) may have ORDER BY .. LIMIT.
     supports_lateral: bool = False
     supports_limit_in_subquery: bool = False
-    # ORDER BY compares only the first bytes of an unbounded text or binary
-    # value (MariaDB, MySQL: max_sort_length, 1,024 by default), where a
-    # comparison takes the whole value: no keyset page can follow such an
-    # order (see uow/ops.py, _check_pageable).
-    sorts_long_values_by_prefix: bool = False
+    # ORDER BY compares only this many first bytes of a text or binary value
+    # (MariaDB, MySQL: max_sort_length, 1,024 by default), where a comparison
+    # takes the whole value: an order by a column whose values may be longer
+    # is refused (see uow/catalog.py, TableInfo.check_sortable). None: whole.
+    sort_prefix_bytes: int | None = None
 
 
 class ReplayPosition(Protocol):

@@ -211,7 +211,7 @@ ADAPTER = DialectAdapter(
         # (A prepared statement's limit; the driver binds client-side, but a
         # list that works here should work on the server's own protocol.)
         max_parameters=65535,
-        sorts_long_values_by_prefix=True,
+        sort_prefix_bytes=1024,
     ),
     outbox_version_strategy="insert-on-duplicate-last-insert-id",
     default_naming="suffix",

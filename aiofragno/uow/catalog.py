@@ -66,7 +66,7 @@ class TableInfo:
         for column in self.table.columns.values():
             self.columns[column.name] = _column_info(catalog, column)
         self.decimal_as_text = catalog.codec.storage.decimal == "text"
-        self.sorts_long_values_by_prefix = catalog.adapter.capabilities.sorts_long_values_by_prefix
+        self._sort_prefix_bytes = catalog.adapter.capabilities.sort_prefix_bytes
         self.unique_keys = _unique_keys(self.table, catalog.unique_indexes_confirmed)
         self._catalog = catalog
         self._selections: dict[tuple[str, ...], Selection] = {}
@@ -95,6 +95,27 @@ class TableInfo:
             raise ValidationError(
                 f"{self.name}.{name}: decimals are stored as text on this database, so they "
                 "cannot be ordered or compared with < > (equality works)"
+            )
+
+    def check_sortable(self, name: str) -> None:
+        """Refuse an order by a column whose values the database sorts by a
+        prefix only (MariaDB, MySQL: the first 1,024 bytes; text, binary,
+        JSON and ``varchar(n)`` over 256 characters, 4 sort bytes each):
+        rows sharing a longer prefix would come in creation order, not by
+        their values, and a page's cursor would repeat and skip them."""
+        prefix = self._sort_prefix_bytes
+        if prefix is None:
+            return
+        info = self.column(name)
+        size = _SORT_BYTES.get(info.kind, 0)
+        if info.kind == "varchar" and info.column is not None and info.column.length:
+            size = 4 * info.column.length
+        if size is None or size > prefix:
+            raise ValidationError(
+                f"{self.name}.{name} is a {info.column and info.column.type_name} column, whose "
+                f"values this database sorts by their first {prefix} bytes only "
+                "(max_sort_length): order by a string or varchar(n) column of at most "
+                f"{prefix // 4} characters"
             )
 
     def selection(self, names: tuple[str, ...]) -> Selection:
@@ -151,6 +172,18 @@ def _external_id(value: Any) -> Any:
     if not isinstance(value, str):
         raise ValidationError(f"expected an id (str or RowId), got {type(value).__name__}")
     return str(value)
+
+
+# Sort bytes per value of a kind on MySQL and MariaDB (utf8mb4, 4 per
+# character; None: unbounded); other kinds sort whole.
+_SORT_BYTES: dict[str, int | None] = {
+    "string": 4 * 255,
+    "enum": 4 * 255,
+    "text": None,
+    "binary": None,
+    "json": None,
+    "json_document": None,
+}
 
 
 def _unique_keys(table: Table[Any], confirmed: bool) -> tuple[frozenset[str], ...]:

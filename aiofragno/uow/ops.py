@@ -26,7 +26,7 @@ from .. import tagged_json
 from ..brief import brief
 from ..codec import MUTABLE, as_queued
 from ..driver import CompiledQuery, QueryResult
-from ..errors import RowNotFound, ValidationError
+from ..errors import RowNotFound, SchemaError, ValidationError
 from ..schema import EXTERNAL_ID, INTERNAL_ID, VERSION, RowId, new_external_id
 from ..sqltext import SqlText
 from .catalog import Catalog, ColumnInfo, TableInfo
@@ -203,28 +203,21 @@ class RetrievalOp(ABC, Generic[ResultT]):
         """The result a dry run gives."""
 
 
-# Kinds of unbounded values (longtext, longblob on MariaDB and MySQL).
-_LONG_KINDS = frozenset({"text", "binary", "json", "json_document"})
+def _set_columns(equal: dict[str, Any]) -> frozenset[str]:
+    """The columns a dict ``where`` holds to one value (not those it asks
+    to be NULL, which many rows may be)."""
+    return frozenset(name for name, value in equal.items() if value is not None)
 
 
 def _check_pageable(table: TableInfo, order: tuple[tuple[str, bool], ...]) -> None:
-    """Keyset pages need a total order without NULLs, which the database
-    sorts as its comparisons compare."""
+    """Keyset pages need a total order without NULLs."""
     for name, _ in order:
-        info = table.columns[name]
-        column = info.column
+        column = table.columns[name].column
         if column is not None and column.nullable:
             raise ValidationError(
                 f"{table.name}.{name} may be NULL, so find(limit=...) cannot page by it "
                 "without losing rows; order by a NOT NULL column (or filter out NULLs "
                 "and page without this column)"
-            )
-        if info.kind in _LONG_KINDS and table.sorts_long_values_by_prefix:
-            raise ValidationError(
-                f"{table.name}.{name} is a {info.kind} column, which this database sorts "
-                "by its first bytes only (max_sort_length), so find(limit=...) cannot page "
-                "by it without repeating and losing rows; order by a string or varchar(n) "
-                "column"
             )
 
 
@@ -253,10 +246,15 @@ def with_tie(table: TableInfo, order: Order, fixed: frozenset[str] = frozenset()
 
 def order_text(table: TableInfo, order: Order, fixed: frozenset[str] = frozenset()) -> str:
     """``ORDER BY``'s terms for ``order`` with its tie-break (:func:`with_tie`)."""
+    return order_terms(table, with_tie(table, order, fixed))
+
+
+def order_terms(table: TableInfo, order: Order) -> str:
+    """``ORDER BY``'s terms for ``order`` as it is (its tie-break included)."""
     return ", ".join(
         f"{table.internal_id if name == INTERNAL_ID else table.column(name).qualified}"
         f"{' DESC' if desc else ''}"
-        for name, desc in with_tie(table, order, fixed)
+        for name, desc in order
     )
 
 
@@ -289,6 +287,7 @@ def _order_item(table: TableInfo, item: Any) -> tuple[str, bool]:
         raise ValidationError(f"order direction must be 'asc' or 'desc', got {brief(direction)}")
     table.column(name)
     table.check_orderable(name)
+    table.check_sortable(name)
     return name, direction == "desc"
 
 
@@ -328,6 +327,9 @@ class ReadRows(RetrievalOp[ResultT]):
         if limit is not None:
             _check_pageable(table, self.order)
         self.limit = 1 if first else limit
+        # The order as the statement sorts: with its tie-break where rows may tie.
+        fixed = fixed_columns(self.where) if self.equal is None else _set_columns(self.equal)
+        self.full_order = with_tie(table, self.order, fixed)
         # (Order columns left out of select are read only for a page's cursor.)
         self.select, self.hidden = _selected(table, select, self.order if limit else ())
         if self.select is None:
@@ -369,16 +371,15 @@ class ReadRows(RetrievalOp[ResultT]):
         table = self.table
         ctx.text(self.select_from)
         where = self.where if self.equal is None else where_expr(self.equal)
-        fixed = fixed_columns(where)
         conditions = [c for c in (where, self.after) if c is not None]
         for i, condition in enumerate(conditions):
             ctx.text(" WHERE " if i == 0 else " AND ")
             if isinstance(condition, list):  # the keyset of ``after``
-                self._render_keyset(ctx, with_tie(table, self.order, fixed), condition)
+                self._render_keyset(ctx, self.full_order, condition)
             else:
                 condition.render(ctx)
         if ctx.build_text:  # (the walk for parameters alone skips building text)
-            ctx.text(f" ORDER BY {order_text(table, self.order, fixed)}")
+            ctx.text(f" ORDER BY {order_terms(table, self.full_order)}")
         if self.limit is not None:
             ctx.text(" LIMIT ")
             # One more tells whether another page exists.
@@ -457,6 +458,8 @@ class Find(ReadRows[FindResult[RowT]]):
     def accept(self, rows: Sequence[Sequence[Any]]) -> None:
         page: FindResult[Any] = FindResult(map(self.decode, rows))
         if self.limit is not None and len(page) > self.limit:
+            if self.full_order is self.order:
+                self._check_untied(page[self.limit - 1], page[self.limit])
             del page[self.limit :]
             page._after = self._position_after(page[-1])
         for name in self.hidden:  # (read for the cursor only)
@@ -466,6 +469,22 @@ class Find(ReadRows[FindResult[RowT]]):
 
     def empty(self) -> None:
         self._result = FindResult()
+
+    def _check_untied(self, last: dict[str, Any], next_: dict[str, Any]) -> None:
+        """Raise unless the page's last row and the one after it differ in
+        the order's values. An order without a tie-break (the unique index
+        its columns hold, see :func:`with_tie`) that ties anyway — the
+        database lacks the index: a migration dropped it since this
+        Database's confirmed it — would make the next page skip the tied
+        rows; its cursor is never made."""
+        names = [name for name, _ in self.order]
+        if [last[name] for name in names] == [next_[name] for name in names]:
+            raise SchemaError(
+                f"rows of {self.table.name!r} share their values of {', '.join(names)}, which a "
+                "unique index of the schema holds, so the database lacks that index (dropped "
+                "since a migration confirmed it): no page can follow this one; run "
+                "db.migrate(schema), which names the rows that share a key"
+            )
 
     def _position_after(self, row: dict[str, Any]) -> tuple[str, list[Any]] | None:
         """What the cursor after ``row`` holds (see FindResult.cursor)."""

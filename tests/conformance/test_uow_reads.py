@@ -569,7 +569,9 @@ async def test_a_unique_index_orders_without_ties_once_a_migration_confirms_it(
     refused because rows share a key, or not run by this Database — leaves
     an order by its columns its tie-break, so pages read every row, ties in
     creation order. Once a migration (or a dry run with nothing to do)
-    finds the database as declared, the order goes without it."""
+    finds the database as declared, the order goes without it, until a
+    migration of the namespace; a page that meets ties all the same (the
+    index dropped by another process) is an error."""
     plain, unique = _emails(False), _emails(True)
     env = await make_env(plain)
     await env.create("u", *({"email": f"e{n % 2}", "n": n} for n in range(6)))
@@ -612,33 +614,67 @@ async def test_a_unique_index_orders_without_ties_once_a_migration_confirms_it(
         sent.clear()
         assert await pages(other) == [0, 1]
         assert not any(_ties_broken(q.sql) for q in sent)
+        # A migration of the namespace (here: dropping the index) withdraws
+        # the confirmation of its Database...
+        await env.db.migrate(_emails(False), namespace=env.namespace, allow_drop=True)
+        await env.create("u", *({"email": f"e{n % 2}", "n": n} for n in range(2, 6)))
+        sent.clear()
+        assert await pages(env.db) == [0, 2, 4, 1, 3, 5]
+        assert all(_ties_broken(q.sql) for q in sent)
+        # ... and another that confirmed it before meets the ties it cannot
+        # page through: an error, never a page skipping rows.
+        with pytest.raises(af.SchemaError, match="lacks that index"):
+            await pages(other)
 
 
-LONG_TEXT = af.Schema("long_text", af.Table("notes", af.Column("body", "text")))
+LONG_TEXT = af.Schema(
+    "long_text",
+    af.Table(
+        "notes",
+        af.Column("body", "text"),
+        af.Column("title", af.varchar(600)),
+        af.Column("short", af.varchar(256)),
+        af.Column("name", "string"),
+    ),
+)
 
 
-async def test_pages_ordered_by_long_text_see_every_row_once(make_env: MakeEnv) -> None:
-    """Text values equal in their first 1,100 characters page in order,
-    each row once, in both directions. MariaDB sorts text by its first
-    1,024 bytes only (max_sort_length), where a cursor's comparison takes
-    the whole value: pages repeated and skipped rows, so it refuses them."""
+async def test_orders_by_long_text_are_exact_or_refused(make_env: MakeEnv) -> None:
+    """Values equal in their first 1,100 characters come in order, page
+    after page, each row once, in both directions. MariaDB sorts text,
+    binary, JSON and varchar(n) over 256 characters by their first 1,024
+    bytes only (max_sort_length; 4 per character), so that such rows came
+    in creation order, find_first picked the wrong one and a cursor
+    repeated and skipped rows: there every order by those columns is
+    refused; varchar(256) and string columns sort whole."""
     env = await make_env(LONG_TEXT)
-    prefix = "p" * 1100
-    bodies = [prefix + tail for tail in ("d", "a", "f", "b", "e", "c")]
-    await env.create("notes", *({"body": body} for body in bodies))
-    for limit in (1, 2, 4):
+    tails = ("d", "a", "f", "b", "e", "c")
+    await env.create(
+        "notes",
+        *(
+            {"body": "p" * 1100 + t, "title": "p" * 590 + t, "short": "p" * 255 + t, "name": t}
+            for t in tails
+        ),
+    )
+    refused = ("body", "title") if env.db.name == "mysql" else ()
+    for column in ("body", "title", "short", "name"):
         for direction in ("asc", "desc"):
-            find = {"order_by": ("body", direction), "limit": limit}
-            if env.db.name == "mysql":
-                with pytest.raises(af.ValidationError, match="sorts by its first bytes only"):
-                    await env.run(partial(_read_from, "notes", find=find, after=None))
+            expected = sorted(tails, reverse=direction == "desc")
+            order = (column, direction)
+            if column in refused:
+                for find in ({"order_by": order}, {"order_by": order, "limit": 2}):
+                    with pytest.raises(af.ValidationError, match="sorts by their first 1024"):
+                        await env.find("notes", **find)
                 continue
-            seen: list[str] = []
-            after = None
-            while True:
-                page = await env.run(partial(_read_from, "notes", find=find, after=after))
-                seen += [row["body"][-1] for row in page]
-                if page.cursor is None:
-                    break
-                after = page.cursor
-            assert seen == sorted("abcdef", reverse=direction == "desc"), (limit, direction)
+            assert [row[column][-1] for row in await env.find("notes", order_by=order)] == expected
+            for limit in (1, 2, 4):
+                seen: list[str] = []
+                after = None
+                while True:
+                    find = {"order_by": order, "limit": limit}
+                    page = await env.run(partial(_read_from, "notes", find=find, after=after))
+                    seen += [row[column][-1] for row in page]
+                    if page.cursor is None:
+                        break
+                    after = page.cursor
+                assert seen == expected, (column, limit, direction)

@@ -475,14 +475,8 @@ async def test_an_order_by_a_unique_key_is_read_by_its_index(make_env: MakeEnv) 
     sent: list[CompiledQuery] = []
 
     async def pages(**find: Any) -> list[str]:
-        seen: list[str] = []
-        after = None
-        while True:
-            page = await env.run(partial(_read_page, find=find, after=after), on_query=sent.append)
-            seen += [row["email"] for row in page]
-            if page.cursor is None:
-                return seen
-            after = page.cursor
+        rows = await _all_pages(env, env.schema, "users", find, on_query=sent.append)
+        return [row["email"] for row in rows]
 
     emails = [f"u{i:03}@x" for i in range(300)]
     tenant_b = af.c.tenant == "b"
@@ -504,7 +498,7 @@ async def test_an_order_by_a_unique_key_is_read_by_its_index(make_env: MakeEnv) 
     ranges = [since, since, (af.c.tenant == "a") & later, tenant_b & later]
     for find, where in zip(orders, ranges, strict=True):
         page = {**find, "where": where, "limit": 3}
-        await env.run(partial(_read_page, find=page, after=None), on_query=sent.append)
+        await env.run(partial(_read_from, "users", find=page, after=None), on_query=sent.append)
     unique_orders = list(sent)
 
     async def with_posts(uow: af.UnitOfWork) -> Any:
@@ -543,8 +537,24 @@ def _ties_broken(sql: str) -> bool:
     return any(re.search(r"[`\"]_id[`\"]( DESC)?$", terms) for terms in _order_terms(sql))
 
 
-async def _read_page(uow: af.UnitOfWork, *, find: dict[str, Any], after: str | None) -> Any:
-    return await _read_from("users", uow, find=find, after=after)
+async def _all_pages(
+    env: Env, schema: af.Schema, table: str, find: dict[str, Any], **options: Any
+) -> list[dict[str, Any]]:
+    """Every row ``find`` (with a ``limit``) reads on ``env``'s Database and
+    namespace, page after page through its cursor, a unit per page."""
+    rows: list[dict[str, Any]] = []
+    after = None
+    while True:
+        page = await env.db.execute_uow(
+            partial(_read_from, table, find=find, after=after),
+            schema=schema,
+            namespace=env.namespace,
+            **options,
+        )
+        rows += page
+        if page.cursor is None:
+            return rows
+        after = page.cursor
 
 
 async def _read_from(
@@ -580,20 +590,9 @@ async def test_a_unique_index_orders_without_ties_once_a_migration_confirms_it(
     sent: list[CompiledQuery] = []
 
     async def pages(db: af.Database) -> list[int]:
-        seen: list[int] = []
-        after = None
-        while True:
-            find = {"order_by": "email", "limit": 2}
-            page = await db.execute_uow(
-                partial(_read_from, "u", find=find, after=after),
-                schema=unique,
-                namespace=env.namespace,
-                on_query=sent.append,
-            )
-            seen += [row["n"] for row in page]
-            if page.cursor is None:
-                return seen
-            after = page.cursor
+        on = Env(db, unique, env.namespace)
+        find = {"order_by": "email", "limit": 2}
+        return [row["n"] for row in await _all_pages(on, unique, "u", find, on_query=sent.append)]
 
     assert await pages(env.db) == [0, 2, 4, 1, 3, 5]
     assert sent and all(_ties_broken(q.sql) for q in sent)
@@ -668,13 +667,6 @@ async def test_orders_by_long_text_are_exact_or_refused(make_env: MakeEnv) -> No
                 continue
             assert [row[column][-1] for row in await env.find("notes", order_by=order)] == expected
             for limit in (1, 2, 4):
-                seen: list[str] = []
-                after = None
-                while True:
-                    find = {"order_by": order, "limit": limit}
-                    page = await env.run(partial(_read_from, "notes", find=find, after=after))
-                    seen += [row[column][-1] for row in page]
-                    if page.cursor is None:
-                        break
-                    after = page.cursor
-                assert seen == expected, (column, limit, direction)
+                find = {"order_by": order, "limit": limit}
+                rows = await _all_pages(env, env.schema, "notes", find)
+                assert [row[column][-1] for row in rows] == expected, (column, limit, direction)

@@ -323,9 +323,10 @@ class Database(Queries):
                 f"got {type(plan).__name__}"
             )
         layout = self.layout(schema, namespace)
-        # Whatever it changes, a migration of the namespace may drop a unique
-        # index that another schema object of it declares.
-        self._unconfirm(layout.namespace)
+        if not dry_run:
+            # Whatever it changes, a migration of the namespace may drop a
+            # unique index that another schema object of it declares.
+            self._unconfirm(layout.namespace)
         engine = self._engine
         transactional = engine.adapter.capabilities.supports_transactional_ddl
         spec = self._ddl.spec
@@ -363,7 +364,10 @@ class Database(Queries):
                 if not session.broken:
                     for statement in spec.migration_teardown_sql:
                         await session.execute(CompiledQuery(statement))
-            if not (dry_run and result.changed):
+            if dry_run and result.changed:
+                # (Found to differ: a unique index may be missing.)
+                self._unconfirm_layout(id(layout))
+            elif id(layout) not in self._confirmed:
                 # The database is as declared: later units' catalog trusts
                 # its unique indexes (see uow.catalog._unique_keys).
                 self._confirmed[id(layout)] = layout.namespace
@@ -376,7 +380,10 @@ class Database(Queries):
         """Trust no declared unique index of ``namespace`` until a migration
         confirms it again: later units' catalogs keep the tie-break."""
         for key in [key for key, name in self._confirmed.items() if name == namespace]:
-            del self._confirmed[key]
+            self._unconfirm_layout(key)
+
+    def _unconfirm_layout(self, key: int) -> None:
+        if self._confirmed.pop(key, None) is not None:
             self._catalogs.pop(key, None)
 
     async def migration_plan(

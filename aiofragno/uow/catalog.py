@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..brief import brief
 from ..codec import Encode, ValueCodec
@@ -70,8 +70,11 @@ class TableInfo:
         self.unique_keys = _unique_keys(self.table, catalog.unique_indexes_confirmed)
         self._catalog = catalog
         self._selections: dict[tuple[str, ...], Selection] = {}
-        # What operations build once per shape on this table (aggregate plans).
-        self.plans: dict[Any, Any] = {}
+        # The columns of the unique keys: all that an order's tie-break
+        # depends on of what a condition holds to one value (see ops.with_tie).
+        self.unique_columns = frozenset[str]().union(*self.unique_keys)
+        # What reads and aggregates build once per shape on this table.
+        self.plans: ShapeCache[Any] = ShapeCache()
         self.select_columns, self.select_from, self.decode = self._build_select(catalog, None)
 
     def column(self, name: str) -> ColumnInfo:
@@ -232,17 +235,22 @@ def _column_info(catalog: Catalog, column: Column) -> ColumnInfo:
 MAX_EQUAL_TABLES = 64
 
 
-class SqlCache(dict[Any, str]):
-    """Statement texts by shape, at most :attr:`capacity` of them: past that,
-    the oldest is dropped (a LIMIT's count is part of the text, so a page
-    size taken from user input must not grow the cache without end)."""
+V = TypeVar("V")
+
+
+class ShapeCache(dict[Any, V]):
+    """What is built once per operation shape (statement texts, read and
+    aggregate plans), at most :attr:`capacity` entries: past that, the
+    oldest is dropped. Shapes come from user input — a LIMIT's count is part
+    of a text, an aggregate's names of its plan — which must not grow the
+    cache without end."""
 
     capacity = 4096
 
-    def __setitem__(self, key: Any, text: str) -> None:
+    def __setitem__(self, key: Any, value: V) -> None:
         if len(self) >= self.capacity and key not in self:
             del self[next(iter(self))]
-        super().__setitem__(key, text)
+        super().__setitem__(key, value)
 
 
 class Catalog:
@@ -264,7 +272,7 @@ class Catalog:
         self.compiler = compiler
         self.codec = codec
         self.adapter = adapter
-        self.sql_cache = SqlCache()
+        self.sql_cache: ShapeCache[str] = ShapeCache()
         # (row type, table, join tree shape) already checked (see joins.check_tree_row)
         self.checked_row_types: set[Any] = set()
         self._tables: dict[str, TableInfo] = {}

@@ -57,7 +57,16 @@ from ..schema import Table, table_name
 from .catalog import ALIAS, Catalog, TableInfo
 from .compiling import Compiling
 from .expr import Expr, fixed_columns, where_expr
-from .ops import Find, FindFirst, ReadRows, RetrievalOp, cached_text, order_text, parse_order
+from .ops import (
+    Find,
+    FindFirst,
+    ReadRows,
+    RetrievalOp,
+    cached_text,
+    order_text,
+    parse_order,
+    plan_key,
+)
 
 MAX_DEPTH = 4
 """How deeply joins may nest (each level one more read, embedding its parents)."""
@@ -580,8 +589,55 @@ def _attach(rows: list[dict[str, Any]], joins: list[JoinRead]) -> None:
 def _tree_where(
     catalog: Catalog, table: TableInfo, where: Expr | Mapping[str, Any] | None, join: Any
 ) -> tuple[Expr | None, list[_Node]]:
-    nodes, condition = _resolve(catalog, table, join, 1)
+    nodes, condition = _resolved(catalog, table, join)
     return _both(where_expr(where), condition), nodes
+
+
+def _resolved(catalog: Catalog, parent: TableInfo, joins: Any) -> tuple[list[_Node], Expr | None]:
+    """:func:`_resolve`'s joins on rows of ``parent``, from the parent's
+    plans where the tree has a key (:func:`_tree_key`: no ``where`` in it,
+    whose values each call binds anew): its nodes hold nothing else that
+    varies, and the reads made of them do not change them."""
+    shape = _tree_key(joins, 1)
+    if shape is None:
+        return _resolve(catalog, parent, joins, 1)
+    key = ("joins", shape)
+    nodes: list[_Node] | None = parent.plans.get(key)
+    if nodes is None:
+        nodes, condition = _resolve(catalog, parent, joins, 1)
+        assert condition is None  # (only a one's where adds one)
+        parent.plans[key] = nodes
+    return nodes, None
+
+
+def _tree_key(joins: Any, depth: int) -> tuple[Any, ...] | None:
+    """A join tree as a key of its parent's plans: what each join says, or
+    None where a join has a ``where``, or anything but plain str and ints
+    (exact types, see :func:`.ops.plan_key`), or the tree nests too deep
+    (:func:`_resolve` then says what is wrong)."""
+    if type(joins) is not dict or depth > MAX_DEPTH:
+        return None
+    parts: list[tuple[Any, ...]] = []
+    for key, spec in joins.items():
+        kind = type(spec)
+        if type(key) is not str or kind not in (One, Many) or spec.where is not None:
+            return None
+        below = () if spec.join is None else _tree_key(spec.join, depth + 1)
+        if below is None:
+            return None
+        if kind is One:
+            if type(spec.column) is not str:
+                return None
+            parts.append((key, spec.column, below))
+            continue
+        order = plan_key(spec.order_by, None)
+        limit = spec.limit
+        if type(spec.table) is not str or type(spec.by) is not str or order is None:
+            return None
+        if limit is not None and type(limit) is not int:
+            return None
+        parts.append((key, spec.table, spec.by, order, limit, below))
+    return tuple(parts)
 
 
 class JoinedFind(_CompiledWhenQueued, Find[Any]):

@@ -17,6 +17,7 @@ import hashlib
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, Literal, NoReturn
 
@@ -29,7 +30,7 @@ from ..driver import CompiledQuery, QueryResult
 from ..errors import RowNotFound, SchemaError, ValidationError
 from ..schema import EXTERNAL_ID, INTERNAL_ID, VERSION, RowId, new_external_id
 from ..sqltext import SqlText
-from .catalog import Catalog, ColumnInfo, TableInfo
+from .catalog import Catalog, ColumnInfo, Selection, TableInfo
 from .compiling import Compiling, bind, row_id
 from .expr import Expr, equalities, fixed_columns, where_expr
 
@@ -291,6 +292,87 @@ def _order_item(table: TableInfo, item: Any) -> tuple[str, bool]:
     return name, direction == "desc"
 
 
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """What a read of rows is, whatever values it binds: its order, and the
+    order as the statement sorts (with its tie-break where rows may tie);
+    the columns ``select`` asks for (None: all) and those of the order it
+    leaves out (read for a page's cursor only); its select list, the table
+    and joins it reads, and its rows' decoder."""
+
+    order: Order
+    full_order: Order
+    select: tuple[str, ...] | None
+    hidden: tuple[str, ...]
+    select_columns: str
+    select_from: str
+    decode: Callable[[Sequence[Any]], dict[str, Any]]
+
+
+def read_plan(
+    table: TableInfo, order_by: Any, paged: bool, select: Any, fixed: frozenset[str]
+) -> ReadPlan:
+    """The read ``order_by`` and ``select`` make on ``table`` (both checked;
+    ``paged``: with a limit; ``fixed``: the columns its condition holds to
+    one value). Built once per shape and kept in the table's plans, where
+    the arguments are made of plain str, tuples and lists (see
+    :func:`plan_key`); else built for this read alone."""
+    fixed &= table.unique_columns  # (all that the tie-break depends on)
+    shape = plan_key(order_by, select)
+    if shape is None:
+        return _read_plan(table, order_by, paged, select, fixed)
+    key = ("read", shape, paged, fixed)
+    plan: ReadPlan | None = table.plans.get(key)
+    if plan is None:
+        plan = table.plans[key] = _read_plan(table, order_by, paged, select, fixed)
+    return plan
+
+
+def _read_plan(
+    table: TableInfo, order_by: Any, paged: bool, select: Any, fixed: frozenset[str]
+) -> ReadPlan:
+    order = () if order_by is None else parse_order(table, order_by)
+    if paged:
+        _check_pageable(table, order)
+    # (Order columns left out of select are read only for a page's cursor.)
+    names, hidden = _selected(table, select, order if paged else ())
+    reads: Selection | TableInfo = table if names is None else table.selection((*names, *hidden))
+    return ReadPlan(
+        order,
+        with_tie(table, order, fixed),
+        names,
+        hidden,
+        reads.select_columns,
+        reads.select_from,
+        reads.decode,
+    )
+
+
+def plan_key(order_by: Any, select: Any) -> tuple[Any, Any] | None:
+    """``order_by`` and ``select`` as a key of a table's plans, or None if
+    either holds anything but str, tuples and lists of them. Exact types:
+    a subclass of str could compare equal to a name it does not spell."""
+    order: Any
+    if order_by is None:
+        order = None
+    elif type(order_by) is str or (type(order_by) is tuple and _pair(order_by)):
+        order = ("one", order_by)
+    elif type(order_by) is list and all(type(i) is str or _pair(i) for i in order_by):
+        # (Tagged, as the above: a list of two names is no (name, direction) pair.)
+        order = ("list", tuple(i if type(i) is str else tuple(i) for i in order_by))
+    else:
+        return None
+    if select is None:
+        return order, None
+    if type(select) in (list, tuple) and all(type(name) is str for name in select):
+        return order, tuple(select)
+    return None
+
+
+def _pair(item: Any) -> bool:
+    return type(item) in (tuple, list) and len(item) == 2 and all(type(i) is str for i in item)
+
+
 class ReadRows(RetrievalOp[ResultT]):
     """A read of rows; :class:`Find` and :class:`FindFirst` say what its result is."""
 
@@ -323,22 +405,13 @@ class ReadRows(RetrievalOp[ResultT]):
             self.equal = equalities(where)
         else:
             self.where = where_expr(where)
-        self.order = () if order_by is None else parse_order(table, order_by)
-        if limit is not None:
-            _check_pageable(table, self.order)
         self.limit = 1 if first else limit
-        # The order as the statement sorts: with its tie-break where rows may tie.
         fixed = fixed_columns(self.where) if self.equal is None else _set_columns(self.equal)
-        self.full_order = with_tie(table, self.order, fixed)
-        # (Order columns left out of select are read only for a page's cursor.)
-        self.select, self.hidden = _selected(table, select, self.order if limit else ())
-        if self.select is None:
-            self.select_columns, self.select_from = table.select_columns, table.select_from
-            self.decode = table.decode
-        else:
-            selection = table.selection((*self.select, *self.hidden))
-            self.select_columns, self.select_from = selection.select_columns, selection.select_from
-            self.decode = selection.decode
+        plan = read_plan(table, order_by, limit is not None, select, fixed)
+        self.order, self.full_order = plan.order, plan.full_order
+        self.select, self.hidden = plan.select, plan.hidden
+        self.select_columns, self.select_from = plan.select_columns, plan.select_from
+        self.decode = plan.decode
         self.after = (
             None
             if after is None

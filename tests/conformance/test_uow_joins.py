@@ -19,7 +19,7 @@ import pytest
 
 import aiofragno as af
 from aiofragno.session import Session
-from aiofragno.uow.catalog import SqlCache
+from aiofragno.uow.catalog import ShapeCache
 from tests.conformance.uow_env import Env, MakeEnv, seed_accounts
 
 pytestmark = pytest.mark.anyio
@@ -329,7 +329,7 @@ async def test_limits_are_written_as_digits(shop: Env) -> None:
     else:  # (MariaDB: read by key, a statement per account of the page)
         assert [re.findall(r"LIMIT ([^\s)]+)", text) for text in joined] == [["1"], ["1"]]
 
-    cache = SqlCache()
+    cache: ShapeCache[str] = ShapeCache()
     cache.capacity = 3
     for n in range(10):
         cache[("find", n)] = f"SELECT {n}"

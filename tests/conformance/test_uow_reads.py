@@ -571,6 +571,78 @@ def _emails(unique: bool, *more: af.Column) -> af.Schema:
     return af.Schema("dupes", af.Table("u", *columns, *index))
 
 
+async def test_reads_of_one_shape_share_their_plan_and_no_other(make_env: MakeEnv) -> None:
+    """What a find's order, select and joins make of a table is built once
+    per shape and kept: reads whose arguments only look alike never share
+    it (a list of two names and a (name, direction) pair; the same order
+    under conditions that fix other columns, which decides its tie-break;
+    joins with another limit or a where), and the kept plans stay bounded
+    whatever shapes the caller makes up."""
+    env = await make_env(DIRECTORY)
+
+    async def seed(uow: af.UnitOfWork) -> None:
+        for i in range(6):
+            user = uow.create(
+                "users", {"email": f"u{i}@x", "tenant": "ab"[i % 2], "slug": f"s{i}", "nick": None}
+            )
+            for n in (1, 2, 3):
+                uow.create("posts", {"author": user, "n": n})
+
+    await env.run(seed)
+    await env.db.migrate(DIRECTORY, namespace=env.namespace)  # (trusts the unique indexes)
+
+    async def find(**kwargs: Any) -> tuple[list[dict[str, Any]], list[str]]:
+        sent: list[CompiledQuery] = []
+
+        async def unit(uow: af.UnitOfWork) -> Any:
+            rows = uow.find("users", **kwargs)
+            await uow.retrieve()
+            return rows.result
+
+        rows = await env.run(unit, on_query=sent.append)
+        return rows, [q.sql for q in sent]
+
+    for _ in range(2):  # (the second time from the kept plans)
+        rows, sql = await find(where={"tenant": "a"}, order_by="slug", limit=2)
+        assert [r["slug"] for r in rows] == ["s0", "s2"] and not _ties_broken(sql[-1])
+        rows, sql = await find(where=af.c.slug >= "s", order_by="slug", limit=2)
+        assert [r["slug"] for r in rows] == ["s0", "s1"] and _ties_broken(sql[-1])
+        rows, _ = await find(order_by=("email", "desc"))
+        assert [r["email"] for r in rows] == [f"u{i}@x" for i in range(5, -1, -1)]
+        with pytest.raises(af.ValidationError, match="desc"):
+            await find(order_by=["email", "desc"])  # (two columns, the second no column)
+        rows, _ = await find(order_by=["email"], select=["slug"])
+        assert rows[0].keys() == {"id", "slug"} and rows[0]["slug"] == "s0"
+        rows, _ = await find(order_by=["email"], select=("email",))
+        assert rows[0].keys() == {"id", "email"}
+
+    def last(limit: int, **more: Any) -> dict[str, Any]:
+        return {"last": af.many("posts", by="author", order_by=("n", "desc"), limit=limit, **more)}
+
+    for _ in range(2):
+        for join, ns in [
+            (last(2), [3, 2]),
+            (last(1), [3]),
+            (last(2, where=af.c.n < 3), [2, 1]),
+            (last(2), [3, 2]),
+        ]:
+            rows, _ = await find(order_by="email", limit=2, join=join)
+            assert [[p["n"] for p in r["last"]] for r in rows] == [ns, ns]
+    cyclic: dict[str, Any] = {}
+    cyclic["p"] = af.many("posts", by="author", join={"u": af.one("author", join=cyclic)})
+    with pytest.raises(af.ValidationError, match="nest at most"):
+        await find(join=cyclic)
+
+    plans = env.db._catalog(DIRECTORY, env.namespace).table("users").plans
+    plans.capacity = 50
+    names = ["email", "tenant", "slug", "nick"]
+    for n in range(200):  # (selects in every order: many shapes)
+        random.Random(n).shuffle(names)
+        rows, _ = await find(order_by="email", select=list(names[: 1 + n % 4]))
+        assert rows[0]["email" if "email" in names[: 1 + n % 4] else "id"]
+    assert len(plans) <= 50
+
+
 async def test_a_unique_index_orders_without_ties_once_a_migration_confirms_it(
     make_env: MakeEnv, url: str, target: Target
 ) -> None:

@@ -69,7 +69,7 @@ class TableInfo:
         self._sort_prefix_bytes = catalog.adapter.capabilities.sort_prefix_bytes
         self.unique_keys = _unique_keys(self.table, catalog.unique_indexes_confirmed)
         self._catalog = catalog
-        self._selections: dict[tuple[str, ...], Selection] = {}
+        self._selections: ShapeCache[Selection] = ShapeCache()
         # The columns of the unique keys: all that an order's tie-break
         # depends on of what a condition holds to one value (see ops.with_tie).
         self.unique_columns = frozenset[str]().union(*self.unique_keys)

@@ -18,9 +18,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
-import anyio
-import sniffio
-
 from ..pool import PooledDialect
 from ..url import DatabaseURL, Options
 from .sqlite_connection import Call, SqliteConnection, WriteGate, database_path, pooled_dialect
@@ -29,13 +26,7 @@ T = TypeVar("T")
 Wake = Callable[[Callable[[], object]], object]
 
 
-def _waker() -> Wake:
-    """How to run a callback in the current event loop from another thread."""
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        return trio.lowlevel.current_trio_token().run_sync_soon
-    return asyncio.get_running_loop().call_soon_threadsafe
+Outcome = tuple[bool, Any]  # (True, the call's value) or (False, what it raised)
 
 
 class _Worker:
@@ -51,28 +42,57 @@ class _Worker:
             call()
 
     async def run(self, func: Callable[[], T]) -> T:
-        wake, done = _waker(), anyio.Event()
-        outcome: list[Any] = []
+        """``func()`` on the thread, its value or what it raised here. The
+        thread wakes the event loop when done: under asyncio by settling a
+        future of the loop (a third less CPU per call than an
+        ``anyio.Event``, and each statement batch is one such call), under
+        trio by setting an event through the run's token."""
+        loop = asyncio._get_running_loop()  # (None under trio)
+        if loop is not None:
+            future: asyncio.Future[Outcome] = loop.create_future()
+            self._submit(func, loop.call_soon_threadsafe, partial(_settle, future))
+            ok, value = await future
+        else:
+            import trio
 
-        def call() -> None:
-            try:
-                outcome.append((True, func()))
-            except BaseException as exc:  # handed to the awaiting task
-                outcome.append((False, exc))
-            # RuntimeError: the event loop is gone, so nobody is waiting any more.
-            with contextlib.suppress(RuntimeError):
-                wake(done.set)
+            done = trio.Event()
+            outcome: list[Outcome] = []
 
-        self._calls.put(call)
-        await done.wait()
-        ok, value = outcome[0]
+            def settle(result: Outcome) -> None:
+                outcome.append(result)
+                done.set()
+
+            self._submit(func, trio.lowlevel.current_trio_token().run_sync_soon, settle)
+            await done.wait()
+            ok, value = outcome[0]
         if not ok:
             raise value
         result: T = value
         return result
 
+    def _submit(
+        self, func: Callable[[], Any], wake: Wake, settle: Callable[[Outcome], object]
+    ) -> None:
+        """Queue ``func``; once it ran, ``wake`` calls ``settle`` with its outcome."""
+
+        def call() -> None:
+            try:
+                outcome: Outcome = (True, func())
+            except BaseException as exc:  # handed to the awaiting task
+                outcome = (False, exc)
+            # RuntimeError: the event loop is gone, so nobody is waiting any more.
+            with contextlib.suppress(RuntimeError):
+                wake(partial(settle, outcome))
+
+        self._calls.put(call)
+
     def stop(self) -> None:
         self._calls.put(None)
+
+
+def _settle(future: asyncio.Future[Outcome], outcome: Outcome) -> None:
+    if not future.done():  # (else the awaiting task was cancelled)
+        future.set_result(outcome)
 
 
 class ThreadSqliteConnection(SqliteConnection):

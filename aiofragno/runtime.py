@@ -13,7 +13,7 @@ import asyncio  # noqa: TID251  (the loop's own clock and timer: see call_later)
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import anyio
 import sniffio
@@ -45,6 +45,8 @@ __all__ = [
     "loop_time",
     "monotonic",
     "move_on_after",
+    "Waiting",
+    "new_waiting",
     "run_sync_in_thread",
     "running_loop",
     "shielded",
@@ -85,6 +87,26 @@ def running_loop() -> object:
     import trio
 
     return trio.lowlevel.current_trio_token()
+
+
+class Waiting(Protocol):
+    """An event to wait for once: what :func:`new_waiting` makes."""
+
+    def set(self) -> None: ...
+
+    async def wait(self) -> object: ...
+
+
+def new_waiting() -> Waiting:
+    """An event for one waiter on a hot path (a pool's checkout, SQLite's
+    write gate): the runtime's own — ``asyncio.Event`` costs a quarter of
+    an ``anyio.Event``, which looks its backend up when made. Made and
+    waited for in the same task; set from the same event loop."""
+    if _asyncio_loop() is not None:
+        return asyncio.Event()
+    import trio
+
+    return trio.Event()
 
 
 def loop_time() -> float:

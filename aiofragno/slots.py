@@ -24,7 +24,7 @@ class _Waiter:
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
-        self.event = runtime.Event()
+        self.event = runtime.new_waiting()
         # None while waiting; True once handed a slot; False once it gave up
         # (timed out or cancelled).
         self.granted: bool | None = None

@@ -78,7 +78,10 @@ class TableInfo:
         self.select_columns, self.select_from, self.decode = self._build_select(catalog, None)
 
     def column(self, name: str) -> ColumnInfo:
-        info = self.columns.get(name)
+        try:
+            info = self.columns.get(name)
+        except TypeError:  # (unhashable: no column name)
+            info = None
         if info is None:
             if not isinstance(name, str):
                 raise ValidationError(f"column names are str, got {brief(name)}")

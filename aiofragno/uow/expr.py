@@ -58,6 +58,8 @@ class Col:
     __slots__ = ("name",)
 
     def __init__(self, name: str) -> None:
+        if not isinstance(name, str):
+            raise ValidationError(f"af.c[...] takes a column name (str), got {brief(name)}")
         self.name = name
 
     def _compare(self, op: str, value: Any) -> Expr:

@@ -269,7 +269,10 @@ def parse_order(table: TableInfo, order_by: Any) -> Order:
         items = order_by
     else:
         raise ValidationError(f"{_ORDER_SHAPES}, got {type(order_by).__name__} {brief(order_by)}")
-    return tuple(_order_item(table, item) for item in items)
+    order = tuple(_order_item(table, item) for item in items)
+    if len({name for name, _ in order}) < len(order):
+        raise ValidationError(f"order_by names a column more than once: {brief(order_by)}")
+    return order
 
 
 _ORDER_SHAPES = "order_by takes a column name, a (column, 'asc'|'desc') pair, or a list of those"
@@ -365,7 +368,9 @@ def plan_key(order_by: Any, select: Any) -> tuple[Any, Any] | None:
     if select is None:
         return order, None
     if type(select) in (list, tuple) and all(type(name) is str for name in select):
-        return order, tuple(select)
+        # (Without repeats, as _selected reads it: a key no longer than the
+        # table's columns, whatever the caller repeats.)
+        return order, tuple(dict.fromkeys(select))
     return None
 
 

@@ -642,6 +642,19 @@ async def test_reads_of_one_shape_share_their_plan_and_no_other(make_env: MakeEn
         rows, _ = await find(order_by="email", select=list(names[: 1 + n % 4]))
         assert rows[0]["email" if "email" in names[: 1 + n % 4] else "id"]
     assert len(plans) <= 50 and len(selections) <= 50
+    # Repeats make no larger key (a select repeated 20,000 times kept that
+    # list per plan), and an order naming a column twice is refused (with a
+    # select leaving it out, its page deleted the column twice: KeyError).
+    for n in (1, 2_000, 20_000):
+        rows, _ = await find(order_by="email", select=["slug"] * n)
+        assert rows[0].keys() == {"id", "slug"}
+    assert max(len(repr(key)) for key in plans) < 200
+    with pytest.raises(af.ValidationError, match="more than once"):
+        await find(order_by=["email", ("email", "desc")], select=["slug"], limit=2)
+    with pytest.raises(af.ValidationError, match="column names are str"):
+        await find(select=[["slug"]])
+    with pytest.raises(af.ValidationError, match="takes a column name"):
+        await find(where=af.c[["slug"]] == "s1")  # type: ignore[index]
 
 
 async def test_a_unique_index_orders_without_ties_once_a_migration_confirms_it(

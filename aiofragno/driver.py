@@ -260,6 +260,11 @@ class DdlSpec:
     add_column_references: bool = True
     # Drops index {index} of table {table} (both quoted).
     drop_index_sql: str = "DROP INDEX {index}"
+    # The database refuses to drop the last index a foreign key can use
+    # (MySQL, MariaDB: error 1553, which left a migration half done): such a
+    # key first gets an index of its own, named as the key, as the database
+    # names the one it makes with the key (and drops once another serves).
+    foreign_keys_need_an_index: bool = False
     # What the outbox's "ticks" strategy adds (:mod:`aiofragno.outbox.ticks`):
     # the entries' transaction id column and its index, the tables of ticks
     # and of the versions they gave, and the first tick. Each statement is

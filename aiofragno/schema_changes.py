@@ -458,6 +458,10 @@ class TableChanges:
         m, ddl = self.migrator, self.migrator.ddl
         table = ddl.name(self.physical.identifier)
         ordered = sorted(self.drops, key=lambda d: isinstance(d, RemovedColumn))
+        # (Run before the first index drop: the foreign keys that would lose their index.)
+        keep_keys = self._foreign_key_indexes(
+            {str(d.name).lower() for d in ordered if not isinstance(d, RemovedColumn)}
+        )
         for d in ordered:
             name, column = str(d.name), isinstance(d, RemovedColumn)
             what = "column" if column else "index"
@@ -470,14 +474,37 @@ class TableChanges:
                 rewrites=rewrites,
                 destructive=column,
             )
-            m.run(
-                f"ALTER TABLE {table} DROP COLUMN {ddl.quote(name)}"
-                if column
-                else self._drop_index_sql(name)
-            )
+            if column:
+                m.run(f"ALTER TABLE {table} DROP COLUMN {ddl.quote(name)}")
+            else:
+                for statement in keep_keys:
+                    m.run(statement)
+                keep_keys = []
+                m.run(self._drop_index_sql(name))
             key = f"{m.layout.namespace}.dropped:{self.table.name}.{name}"
             record = json.dumps({"kind": what, "was": d.live}, ensure_ascii=False)
             m.act(f"-- {SETTINGS_TABLE}: {key} = {record}", _recorder(m, key, record))
+
+    def _foreign_key_indexes(self, dropped: set[str]) -> list[str]:
+        """Where the database keeps an index for each foreign key
+        (:attr:`DdlSpec.foreign_keys_need_an_index`): an index of their own,
+        named as the key, for the keys on a column that indexes ``dropped``
+        (lower-case names) begin with and no other index does."""
+        ddl, live = self.migrator.ddl, self.live
+        if live is None or not dropped or not ddl.spec.foreign_keys_need_an_index:
+            return []
+        firsts = {i.name.lower(): (i.columns[0] or "").lower() for i in live.indexes if i.columns}
+        losing = {column for name, column in firsts.items() if name in dropped}
+        losing -= {column for name, column in firsts.items() if name not in dropped}
+        table = ddl.name(self.physical.identifier)
+        statements: dict[str, str] = {}  # (one index serves every key on its column)
+        for key in live.references:
+            column = key.columns[0].lower() if len(key.columns) == 1 else None
+            if key.name is not None and column in losing and column not in statements:
+                statements[column] = (
+                    f"CREATE INDEX {ddl.quote(key.name)} ON {table} ({ddl.quote(key.columns[0])})"
+                )
+        return list(statements.values())
 
     # -- helpers ----------------------------------------------------------------
 

@@ -329,6 +329,7 @@ ADAPTER = DialectAdapter(
         lock_timeout_reset_sql="SET SESSION lock_wait_timeout = DEFAULT",
         migration_unlock_sql="SELECT RELEASE_LOCK({key})",
         drop_index_sql="DROP INDEX {index} ON {table}",
+        foreign_keys_need_an_index=True,
         catalog=CATALOG,
         alter_column_sql={
             "type": "ALTER TABLE {table} MODIFY COLUMN {definition}",

@@ -249,6 +249,48 @@ async def test_every_declared_change_runs_as_planned_with_the_rows_kept(
         await db.migrate(v3, namespace=ns, allow_drop="items.by_hand")  # type: ignore[arg-type]
 
 
+async def test_dropping_the_index_a_reference_uses_keeps_the_reference(
+    db: af.Database, spaces: Namespaces
+) -> None:
+    """MariaDB and MySQL keep an index for each foreign key: a reference's
+    only index ((author, n) here, which took the place of the one made with
+    the key) could not be dropped (error 1553), and the migration stopped
+    half done. It now gives the key an index of its own first, which the
+    next migration leaves alone; the reference stays enforced."""
+
+    def posts(*indexes: af.Index) -> af.Schema:
+        return af.Schema(
+            "fkidx",
+            af.Table("users", af.Column("email", "string")),
+            af.Table("posts", af.Reference("author", "users"), af.Column("n", "bigint"), *indexes),
+        )
+
+    both = posts(af.Index("by_author", ["author", "n"]), af.Index("by_n", ["author"], unique=False))
+    with_index, without = posts(af.Index("by_author", ["author", "n"], unique=True)), posts()
+    layout = spaces.use(db, with_index)
+    ns = layout.namespace
+    for before in (with_index, both):  # (one index on author, then two, both dropped)
+        await db.migrate(before, namespace=ns)
+        drop = {f"posts.{name}" for name in before.tables["posts"].indexes}
+
+        async def seed(uow: af.UnitOfWork) -> None:
+            uow.create("posts", {"author": uow.create("users", {"email": "a@x"}), "n": 1})
+
+        await db.execute_uow(seed, schema=before, namespace=ns)
+        await db.migrate(without, namespace=ns, allow_drop=drop)
+        assert not (await db.migration_plan(without, namespace=ns)).steps
+        with pytest.raises(af.ForeignKeyViolation):
+            await db.execute(
+                af.sql(
+                    "INSERT INTO {t} ({i}, {r}, {n}) VALUES ('dangling', 987654321, 1)",
+                    t=layout.table("posts").identifier,
+                    i=af.Identifier("id"),
+                    r=af.Identifier("author"),
+                    n=af.Identifier("n"),
+                )
+            )
+
+
 async def _tags(uow: af.UnitOfWork) -> list[tuple[str, str]]:
     op = uow.find("tags", join={"of": af.one("item")})
     await uow.retrieve()

@@ -71,11 +71,18 @@ monotonic: Callable[[], float] = time.monotonic
 # asyncio's; any other is trio's.
 
 
-# (None in a thread that runs trio; no exception raised and caught on each call.)
-_asyncio_loop = asyncio._get_running_loop
-# The asyncio loop running in this thread, or None: what :func:`running_loop`
-# returns under asyncio, for a hot path's check against it.
-asyncio_loop: Callable[[], object] = _asyncio_loop
+def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    """The asyncio loop running in this thread, or None: what
+    :func:`running_loop` returns under asyncio, for a hot path's check
+    against it. None under trio, also where trio runs as a guest of an
+    asyncio loop (trio names itself to sniffio while it runs; the host's
+    loop is no loop of its tasks). No exception raised and caught per call."""
+    if sniffio.thread_local.name == "trio":
+        return None
+    return asyncio._get_running_loop()
+
+
+asyncio_loop = _asyncio_loop
 
 
 def running_loop() -> object:

@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from ..pool import PooledDialect
+from ..runtime import asyncio_loop
 from ..url import DatabaseURL, Options
 from .sqlite_connection import Call, SqliteConnection, WriteGate, database_path, pooled_dialect
 
@@ -47,7 +48,7 @@ class _Worker:
         future of the loop (a third less CPU per call than an
         ``anyio.Event``, and each statement batch is one such call), under
         trio by setting an event through the run's token."""
-        loop = asyncio._get_running_loop()  # (None under trio)
+        loop = asyncio_loop()
         if loop is not None:
             future: asyncio.Future[Outcome] = loop.create_future()
             self._submit(func, loop.call_soon_threadsafe, partial(_settle, future))

@@ -460,7 +460,8 @@ class TableChanges:
         ordered = sorted(self.drops, key=lambda d: isinstance(d, RemovedColumn))
         # (Run before the first index drop: the foreign keys that would lose their index.)
         keep_keys = self._foreign_key_indexes(
-            {str(d.name).lower() for d in ordered if not isinstance(d, RemovedColumn)}
+            {str(d.name).lower() for d in ordered if not isinstance(d, RemovedColumn)},
+            {str(d.name).lower() for d in ordered if isinstance(d, RemovedColumn)},
         )
         for d in ordered:
             name, column = str(d.name), isinstance(d, RemovedColumn)
@@ -485,17 +486,22 @@ class TableChanges:
             record = json.dumps({"kind": what, "was": d.live}, ensure_ascii=False)
             m.act(f"-- {SETTINGS_TABLE}: {key} = {record}", _recorder(m, key, record))
 
-    def _foreign_key_indexes(self, dropped: set[str]) -> list[str]:
+    def _foreign_key_indexes(self, dropped: set[str], dropped_columns: set[str]) -> list[str]:
         """Where the database keeps an index for each foreign key
         (:attr:`DdlSpec.foreign_keys_need_an_index`): an index of their own,
         named as the key, for the keys on a column that indexes ``dropped``
-        (lower-case names) begin with and no other index does."""
+        begin with and no other index will — not one the database has and
+        keeps, nor a declared one, which the migration makes before its
+        drops — unless the column goes too (``dropped_columns``; names in
+        lower case)."""
         ddl, live = self.migrator.ddl, self.live
         if live is None or not dropped or not ddl.spec.foreign_keys_need_an_index:
             return []
         firsts = {i.name.lower(): (i.columns[0] or "").lower() for i in live.indexes if i.columns}
         losing = {column for name, column in firsts.items() if name in dropped}
         losing -= {column for name, column in firsts.items() if name not in dropped}
+        losing -= {index.columns[0].lower() for index in self.table.indexes.values()}
+        losing -= dropped_columns
         table = ddl.name(self.physical.identifier)
         statements: dict[str, str] = {}  # (one index serves every key on its column)
         for key in live.references:

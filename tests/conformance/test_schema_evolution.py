@@ -266,6 +266,7 @@ async def test_dropping_the_index_a_reference_uses_keeps_the_reference(
         )
 
     both = posts(af.Index("by_author", ["author", "n"]), af.Index("by_n", ["author"], unique=False))
+    other = posts(af.Index("by_other", ["author"]))
     with_index, without = posts(af.Index("by_author", ["author", "n"], unique=True)), posts()
     layout = spaces.use(db, with_index)
     ns = layout.namespace
@@ -277,6 +278,16 @@ async def test_dropping_the_index_a_reference_uses_keeps_the_reference(
             uow.create("posts", {"author": uow.create("users", {"email": "a@x"}), "n": 1})
 
         await db.execute_uow(seed, schema=before, namespace=ns)
+        # No index of its own where one made before the drop serves the key.
+        plan = await db.migration_plan(other, namespace=ns, allow_drop=drop)
+        assert not [sql for sql in plan.statements if "fk_" in sql]
+        # Nor for a reference that goes with its index (planned, not run:
+        # MariaDB and SQLite cannot drop a reference column yet).
+        gone = af.Schema(
+            "fkidx", without.tables["users"], af.Table("posts", af.Column("n", "bigint"))
+        )
+        plan = await db.migration_plan(gone, namespace=ns, allow_drop=True)
+        assert not [sql for sql in plan.statements if "CREATE INDEX" in sql and "fk_" in sql]
         await db.migrate(without, namespace=ns, allow_drop=drop)
         assert not (await db.migration_plan(without, namespace=ns)).steps
         with pytest.raises(af.ForeignKeyViolation):

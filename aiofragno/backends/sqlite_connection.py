@@ -270,8 +270,11 @@ class SqliteConnection(ABC):
 
     async def rollback(self) -> None:
         try:
-            if not self._begin.drop() and self._raw.in_transaction:
-                await self._call(partial(_run_sql, sql="ROLLBACK"))
+            if not self._begin.drop():
+                # Asked on sqlite3's thread, after whatever is queued there: a
+                # call its cancelled caller left behind may open the transaction
+                # yet, which this thread would not see and leave open.
+                await self._call(_rollback_open)
         finally:
             self._release_gate()
 
@@ -445,3 +448,9 @@ def _run_query(raw: sqlite3.Connection, query: CompiledQuery) -> QueryResult:
 
 def _run_sql(raw: sqlite3.Connection, sql: str) -> None:
     raw.execute(sql).close()
+
+
+def _rollback_open(raw: sqlite3.Connection) -> None:
+    """Roll back the transaction open on ``raw``, if one is."""
+    if raw.in_transaction:
+        _run_sql(raw, "ROLLBACK")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import json
+import random
 from decimal import Decimal
 from typing import Any
 
@@ -561,6 +562,34 @@ async def test_cancelling_inside_a_transaction_rolls_it_back(
     async with db.transaction() as tx:
         await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (2)", t=table))
     assert await db.fetch_value(af.sql("SELECT count(*) FROM {t}", t=table)) == 1
+
+
+async def test_transactions_cancelled_at_any_moment_leave_the_next_one_clean(
+    url: str, target: Target
+) -> None:
+    """Transactions cancelled a moment into their first statement, at random,
+    on a pool of one: each next transaction starts clean and commits alone.
+    (SQLite's rollback asked whether a transaction was open from the event
+    loop's thread while the cancelled BEGIN and INSERT still waited on
+    sqlite3's: it skipped the ROLLBACK, the pooled connection kept the
+    transaction, and the next BEGIN failed within 35-125 rounds.)"""
+    rng = random.Random(0)
+    async with af.connect(url, backend=target.backend, pool_size=1) as solo:
+        table = af.Identifier(f"cancelled_{rng.randrange(10**9)}")
+        await solo.execute(af.sql("CREATE TABLE {t} (i integer)", t=table))
+        try:
+            kept = 0
+            for i in range(300):
+                with anyio.move_on_after(rng.random() * 0.003):
+                    async with solo.transaction() as tx:
+                        await tx.execute(af.sql("INSERT INTO {t} (i) VALUES ({i})", t=table, i=i))
+                async with solo.transaction() as tx:
+                    await tx.execute(af.sql("INSERT INTO {t} (i) VALUES (-1)", t=table))
+                kept += 1
+            rows = await solo.fetch(af.sql("SELECT i FROM {t} WHERE i = -1", t=table))
+            assert len(rows) == kept == 300
+        finally:
+            await solo.execute(af.sql("DROP TABLE {t}", t=table))
 
 
 async def test_a_statement_cancelled_before_it_is_sent_in_a_transaction_is_not_applied(

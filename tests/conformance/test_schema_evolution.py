@@ -208,16 +208,7 @@ async def test_every_declared_change_runs_as_planned_with_the_rows_kept(
         await db.execute_uow(duplicate, schema=v2, namespace=ns)
 
     # The reference is still enforced (on SQLite: foreign keys back on after the rebuild).
-    with pytest.raises(af.ForeignKeyViolation):
-        await db.execute(
-            af.sql(
-                "INSERT INTO {t} ({i}, {r}, {g}) VALUES ('dangling', 987654321, 'x')",
-                t=layout.table("tags").identifier,
-                i=af.Identifier("id"),
-                r=af.Identifier("item"),
-                g=af.Identifier("tag"),
-            )
-        )
+    await _refuses_dangling(db, layout.table("tags").identifier, "item", ("tag", "x"))
 
     # A plan made before the database changed is refused, nothing run.
     v3 = af.Schema(
@@ -290,16 +281,25 @@ async def test_dropping_the_index_a_reference_uses_keeps_the_reference(
         assert not [sql for sql in plan.statements if "CREATE INDEX" in sql and "fk_" in sql]
         await db.migrate(without, namespace=ns, allow_drop=drop)
         assert not (await db.migration_plan(without, namespace=ns)).steps
-        with pytest.raises(af.ForeignKeyViolation):
-            await db.execute(
-                af.sql(
-                    "INSERT INTO {t} ({i}, {r}, {n}) VALUES ('dangling', 987654321, 1)",
-                    t=layout.table("posts").identifier,
-                    i=af.Identifier("id"),
-                    r=af.Identifier("author"),
-                    n=af.Identifier("n"),
-                )
+        await _refuses_dangling(db, layout.table("posts").identifier, "author", ("n", 1))
+
+
+async def _refuses_dangling(
+    db: af.Database, table: af.Identifier, reference: str, other: tuple[str, Any]
+) -> None:
+    """A row of ``table`` whose ``reference`` names no row is refused: the
+    reference is enforced. (``other``: a required column and its value.)"""
+    with pytest.raises(af.ForeignKeyViolation):
+        await db.execute(
+            af.sql(
+                "INSERT INTO {t} ({i}, {r}, {o}) VALUES ('dangling', 987654321, {v})",
+                t=table,
+                i=af.Identifier("id"),
+                r=af.Identifier(reference),
+                o=af.Identifier(other[0]),
+                v=other[1],
             )
+        )
 
 
 async def _tags(uow: af.UnitOfWork) -> list[tuple[str, str]]:

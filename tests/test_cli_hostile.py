@@ -141,8 +141,13 @@ def test_outbox_tail_escapes_control_characters(url: str, tmp_path: Path) -> Non
 
     async def drop() -> None:
         async with af.connect(url) as db:
-            table = db.layout(schema, namespace).table("notes").identifier
-            await db.execute(af.sql("DROP TABLE IF EXISTS {t}", t=table))
+            layout = db.layout(schema, namespace)
+            # (PostgreSQL: the namespace's own schema, which would stay behind.)
+            for name in layout.db_schemas:
+                await db.execute(af.sql("DROP SCHEMA IF EXISTS {s} CASCADE", s=af.Identifier(name)))
+            if not layout.db_schemas:
+                table = layout.table("notes").identifier
+                await db.execute(af.sql("DROP TABLE IF EXISTS {t}", t=table))
 
     after = anyio.run(write)
     try:

@@ -505,6 +505,10 @@ class MariaDBServer(PrivateServer):
         return [
             "--no-defaults",
             f"--datadir={self.data}",
+            # Its own tmpdir: a server deletes every "#sql*" file in its tmpdir
+            # when it starts, which in the shared /tmp would include the
+            # shared server's in-flight temporary tables.
+            f"--tmpdir={self.directory}",
             "--innodb-log-file-size=16M",  # (not the 96M default: quicker to create)
         ]
 

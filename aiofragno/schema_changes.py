@@ -179,11 +179,16 @@ class TableChanges:
                 continue
             self.renames.append(("index", indexes[at].name, new, index))
             indexes[at] = replace(indexes[at], name=new)
-        references = tuple(self._followed(r) for r in live.references)
+        references = tuple(self._followed(r, new_names) for r in live.references)
         return replace(live, columns=tuple(columns), indexes=tuple(indexes), references=references)
 
-    def _followed(self, reference: LiveReference) -> LiveReference:
-        """``reference`` as it is once the tables it points to are renamed."""
+    def _followed(self, reference: LiveReference, new_names: Mapping[str, str]) -> LiveReference:
+        """``reference`` as it is once the declared renames are made: its
+        columns renamed (``new_names``: old name in lower case -> new; every
+        database keeps a key on a column it renames), and the table it points
+        to."""
+        columns = tuple(new_names.get(c.lower(), c) for c in reference.columns)
+        reference = replace(reference, columns=columns)
         for key, physical in self.renamed.items():
             schema, name = key
             if reference.to_table.lower() == name and (

@@ -284,6 +284,89 @@ async def test_dropping_the_index_a_reference_uses_keeps_the_reference(
         await _refuses_dangling(db, layout.table("posts").identifier, "author", ("n", 1))
 
 
+async def test_a_renamed_reference_keeps_its_key(db: af.Database, spaces: Namespaces) -> None:
+    """renamed_from= on an af.Reference renames the column, which keeps its
+    foreign key (it was refused: "reference of column ...: database has
+    none") — also where an index is renamed with it or holds it, and, in a
+    second migration, where the table it points to and a column of that
+    table are renamed at the same time. The rows keep their references, a
+    dangling one is refused, and nothing is left to migrate."""
+    users = af.Table("users", af.Column("email", "string"))
+    v1 = af.Schema(
+        "refren",
+        users,
+        af.Table(
+            "posts",
+            af.Reference("author", "users"),
+            af.Reference("editor", "users", nullable=True),
+            af.Column("n", "bigint", nullable=True),
+            af.Index("by_author", ["author"]),
+            af.Index("by_editor_n", ["editor", "n"]),
+        ),
+    )
+    v2 = af.Schema(
+        "refren",
+        users,
+        af.Table(
+            "posts",
+            af.Reference("writer", "users", renamed_from="author"),
+            af.Reference("reviewer", "users", nullable=True, renamed_from="editor"),
+            af.Column("n", "bigint", nullable=True),
+            af.Index("by_writer", ["writer"], renamed_from="by_author"),
+            af.Index("by_editor_n", ["reviewer", "n"]),
+        ),
+    )
+    v3 = af.Schema(
+        "refren",
+        af.Table("people", af.Column("mail", "string", renamed_from="email"), renamed_from="users"),
+        af.Table(
+            "posts",
+            af.Reference("creator", "people", renamed_from="writer"),
+            af.Reference("reviewer", "people", nullable=True),
+            af.Column("n", "bigint", nullable=True),
+            af.Index("by_writer", ["creator"]),
+            af.Index("by_editor_n", ["reviewer", "n"]),
+        ),
+    )
+    layout = spaces.use(db, v1)
+    ns = layout.namespace
+    await db.migrate(v1, namespace=ns)
+
+    async def seed(uow: af.UnitOfWork) -> None:
+        ann, bob = uow.create("users", {"email": "ann"}), uow.create("users", {"email": "bob"})
+        uow.create("posts", {"author": ann, "editor": bob, "n": 1})
+        uow.create("posts", {"author": bob, "editor": None, "n": 2})
+
+    await db.execute_uow(seed, schema=v1, namespace=ns)
+    posts = layout.table("posts").identifier
+    renames = {"rename table", "rename column", "rename index", "record"}
+    for schema, (was, writer), (to, email) in (
+        (v2, ("author", "writer"), ("users", "email")),
+        (v3, ("writer", "creator"), ("people", "mail")),
+    ):
+        new = spaces.use(db, schema, ns)
+        plan = await db.migration_plan(schema, namespace=ns)
+        assert {s.what for s in plan.steps} <= renames
+        assert ("rename column", f"{was} -> {writer}") in {(s.what, s.subject) for s in plan.steps}
+        await db.migrate(schema, namespace=ns, plan=plan)
+        assert await db.migration_sql(schema, namespace=ns) == []  # no drift left
+
+        async def read(uow: af.UnitOfWork, writer: str = writer, email: str = email) -> list[Any]:
+            op = uow.find("posts", order_by=["n"], join={"by": af.one(writer)})
+            await uow.retrieve()
+            return [(r["n"], r["by"][email]) for r in op.result]
+
+        assert await db.execute_uow(read, schema=schema, namespace=ns) == [(1, "ann"), (2, "bob")]
+        live = (await db.inspect(namespace=ns)).table("posts")
+        assert live is not None
+        target = new.table(to).name
+        keys = {(k.columns, k.to_table, k.to_columns) for k in live.references}
+        assert keys == {((c,), target, ("_id",)) for c in (writer, "reviewer")}
+        await _refuses_dangling(db, posts, writer, ("n", 9))
+        user = af.sql("SELECT MIN(_id) FROM {t}", t=new.table(to).identifier)
+        await _refuses_dangling(db, posts, "reviewer", (writer, await db.fetch_value(user)))
+
+
 async def _refuses_dangling(
     db: af.Database, table: af.Identifier, reference: str, other: tuple[str, Any]
 ) -> None:

@@ -265,6 +265,13 @@ class DdlSpec:
     # key first gets an index of its own, named as the key, as the database
     # names the one it makes with the key (and drops once another serves).
     foreign_keys_need_an_index: bool = False
+    # Drops foreign key {name}: a clause of ALTER TABLE, made in the
+    # statement that drops the key's column, so that both go or neither
+    # (MySQL ``DROP FOREIGN KEY``, PostgreSQL ``DROP CONSTRAINT``). None: the
+    # database cannot drop a key in place (SQLite keeps them in the table's
+    # definition, and refuses to drop a column one uses): the table is
+    # rebuilt without the keys of the columns to drop before they are.
+    drop_foreign_key_sql: str | None = None
     # What the outbox's "ticks" strategy adds (:mod:`aiofragno.outbox.ticks`):
     # the entries' transaction id column and its index, the tables of ticks
     # and of the versions they gave, and the first tick. Each statement is

@@ -22,6 +22,9 @@ left, or refused).
   as SQLite documents it: a new table, rows copied, the old one dropped, the
   new one renamed, its indexes made again, foreign keys checked — in the
   migration's transaction, with foreign key enforcement off meanwhile.
+* A column keeps its foreign key when it is renamed, and a dropped one
+  takes its key with it: in the statement that drops it, or (SQLite, which
+  cannot drop a key in place) by a rebuild without the key first.
 """
 
 from __future__ import annotations
@@ -280,18 +283,24 @@ class TableChanges:
 
     async def plan_alterations(self) -> None:
         """Plan the claimed column changes: in place where the dialect has a
-        statement for each, else by rebuilding the table."""
-        if not self.alterations:
+        statement for each, else by rebuilding the table — as also where a
+        column to drop has a foreign key the database cannot drop in place
+        (:attr:`DdlSpec.drop_foreign_key_sql`: SQLite), which the rebuilt
+        table is made without."""
+        unkeyed = [] if self.migrator.ddl.spec.drop_foreign_key_sql else self._keys_of_drops()
+        if not self.alterations and not unkeyed:
             return
         templates = self.migrator.ddl.spec.alter_column_sql
         for name, changes in self.alterations.items():
             if "not_null" in changes:
                 await self._check_no_nulls(self.table.columns[name])
-        if all(_template(c) in templates for cs in self.alterations.values() for c in cs):
+        if not unkeyed and all(
+            _template(c) in templates for cs in self.alterations.values() for c in cs
+        ):
             for name, changes in self.alterations.items():
                 self._alter_in_place(self.table.columns[name], changes)
         else:
-            self._rebuild()
+            self._rebuild(unkeyed)
 
     async def _check_no_nulls(self, column: Column) -> None:
         m = self.migrator
@@ -336,19 +345,30 @@ class TableChanges:
         for statement in statements:
             m.run(statement)
 
-    def _rebuild(self) -> None:
-        """SQLite's documented table rebuild (see the module docstring)."""
+    def _rebuild(self, unkeyed: Collection[LiveReference] = ()) -> None:
+        """SQLite's documented table rebuild (see the module docstring). The
+        columns the declaration does not have are kept as they are, with
+        their foreign keys — but for ``unkeyed``, the keys of the columns the
+        migration drops (after the rebuild, by ``DROP COLUMN``, which a key
+        on the column would refuse)."""
         m, ddl, live = self.migrator, self.migrator.ddl, self.live
         assert live is not None
         quote = ddl.quote
-        m.step(
-            "rebuild table", self.table.name, ", ".join(self.alterations), locks=True, rewrites=True
-        )
+        unkeyed_columns = {c.lower() for k in unkeyed for c in k.columns}
+        dropped = [n for key, n in self._dropped_columns().items() if key in unkeyed_columns]
+        subject = ", ".join([*self.alterations, *(f"{n} (reference dropped)" for n in dropped)])
+        m.step("rebuild table", self.table.name, subject, locks=True, rewrites=True)
         for name in sorted(self.backfills):
             column = self.table.columns[name]
             m.fill(self.physical, column, column.backfill, "its backfill")
         ours = {n.lower() for n in (INTERNAL_ID, EXTERNAL_ID, VERSION, *self.table.columns)}
         kept = [c for c in live.columns if c.name.lower() not in ours]
+        left = {c.name.lower() for c in kept}
+        keys = [
+            k
+            for k in live.references
+            if k not in unkeyed and all(c.lower() in left for c in k.columns)
+        ]
         new_name = f"{self.physical.name}__aiofragno_new"
         new = quote(new_name)
         m.run(
@@ -356,7 +376,10 @@ class TableChanges:
                 self.physical,
                 m.layout,
                 name=new,
-                extra=[live_definition(ddl.quote, c) for c in kept],
+                extra=[
+                    *(live_definition(ddl.quote, c) for c in kept),
+                    *(self._key_definition(k) for k in keys),
+                ],
             )
         )
         names = ", ".join(
@@ -378,14 +401,26 @@ class TableChanges:
                 continue
             if None in index.columns:
                 self._refuse(
-                    f"cannot rebuild the table to change {', '.join(self.alterations)}: its index "
-                    f"{index.name!r} is on an expression; drop it first, then migrate"
+                    f"cannot rebuild the table ({subject}): its index {index.name!r} is on an "
+                    "expression; drop it first, then migrate"
                 )
                 continue
             m.run(_create_index(ddl.quote, table, index))
         check = ddl.spec.foreign_key_check_sql
         if check is not None:
             m.act(f"-- {check}: no row references a missing one", lambda: self._foreign_keys(check))
+
+    def _key_definition(self, key: LiveReference) -> str:
+        """A table constraint restating foreign key ``key`` as the database has it."""
+        quote = self.migrator.ddl.quote
+        name = "" if key.name is None else f"CONSTRAINT {quote(key.name)} "
+        target = Identifier(key.to_table)
+        if key.to_schema is not None:
+            target = Identifier(key.to_schema, key.to_table)
+        return (
+            f"{name}FOREIGN KEY ({', '.join(quote(c) for c in key.columns)}) REFERENCES "
+            f"{self.migrator.ddl.name(target)} ({', '.join(quote(c) for c in key.to_columns)})"
+        )
 
     async def _foreign_keys(self, check: str) -> None:
         m = self.migrator
@@ -459,15 +494,23 @@ class TableChanges:
 
     def plan_drops(self) -> None:
         """Drop the declared (or allowed) indexes, then columns; each drop is
-        recorded in the settings table."""
+        recorded in the settings table. The foreign keys on a column to drop
+        are dropped in the column's own statement: without transactional DDL
+        (MySQL) the key and the column go together or not at all. Only where
+        the database keeps an index for each key and an index to drop may be
+        that key's, the key goes just before the index (a failure after it
+        leaves the column whole, no longer checked; migrating again goes on
+        from there). Where the database cannot drop a key in place, the
+        table was rebuilt without it (:meth:`plan_alterations`)."""
         m, ddl = self.migrator, self.migrator.ddl
         table = ddl.name(self.physical.identifier)
         ordered = sorted(self.drops, key=lambda d: isinstance(d, RemovedColumn))
         # (Run before the first index drop: the foreign keys that would lose their index.)
         keep_keys = self._foreign_key_indexes(
             {str(d.name).lower() for d in ordered if not isinstance(d, RemovedColumn)},
-            {str(d.name).lower() for d in ordered if isinstance(d, RemovedColumn)},
+            set(self._dropped_columns()),
         )
+        loose_keys = self._key_drops()
         for d in ordered:
             name, column = str(d.name), isinstance(d, RemovedColumn)
             what = "column" if column else "index"
@@ -481,11 +524,14 @@ class TableChanges:
                 destructive=column,
             )
             if column:
-                m.run(f"ALTER TABLE {table} DROP COLUMN {ddl.quote(name)}")
+                clauses = [*_taken(loose_keys, name), f"DROP COLUMN {ddl.quote(name)}"]
+                m.run(f"ALTER TABLE {table} {', '.join(clauses)}")
             else:
                 for statement in keep_keys:
                     m.run(statement)
                 keep_keys = []
+                for clause in _taken(loose_keys, self._key_index_column(name)):
+                    m.run(f"ALTER TABLE {table} {clause}")
                 m.run(self._drop_index_sql(name))
             key = f"{m.layout.namespace}.dropped:{self.table.name}.{name}"
             record = json.dumps({"kind": what, "was": d.live}, ensure_ascii=False)
@@ -516,6 +562,42 @@ class TableChanges:
                     f"CREATE INDEX {ddl.quote(key.name)} ON {table} ({ddl.quote(key.columns[0])})"
                 )
         return list(statements.values())
+
+    def _key_drops(self) -> dict[str, set[str]]:
+        """The clause dropping each foreign key on a column the migration
+        drops, and the key's columns (lower case); none where the database
+        cannot drop keys in place (the rebuild left them behind, and only
+        there does a key have no name)."""
+        template = self.migrator.ddl.spec.drop_foreign_key_sql
+        if template is None:
+            return {}
+        quote = self.migrator.ddl.quote
+        return {
+            template.replace("{name}", quote(key.name)): {c.lower() for c in key.columns}
+            for key in self._keys_of_drops()
+            if key.name is not None
+        }
+
+    def _key_index_column(self, index: str) -> str | None:
+        """The column index ``index`` begins with, where the database may
+        keep it for a foreign key on that column and refuses to drop it while
+        the key is there (:attr:`DdlSpec.foreign_keys_need_an_index`)."""
+        if self.live is None or not self.migrator.ddl.spec.foreign_keys_need_an_index:
+            return None
+        found = next((i for i in self.live.indexes if i.name.lower() == index.lower()), None)
+        return None if found is None or not found.columns else found.columns[0]
+
+    def _keys_of_drops(self) -> list[LiveReference]:
+        """The foreign keys on a column the migration drops."""
+        dropped = self._dropped_columns()
+        keys = () if self.live is None else self.live.references
+        return [k for k in keys if any(c.lower() in dropped for c in k.columns)]
+
+    def _dropped_columns(self) -> dict[str, str]:
+        """The columns the migration drops: lower case -> name."""
+        return {
+            str(d.name).lower(): str(d.name) for d in self.drops if isinstance(d, RemovedColumn)
+        }
 
     # -- helpers ----------------------------------------------------------------
 
@@ -554,6 +636,15 @@ def _create_index(quote: Any, table: str, index: LiveIndex) -> str:
     columns = ", ".join(quote(c) for c in index.columns if c is not None)
     unique = "UNIQUE " if index.unique else ""
     return f"CREATE {unique}INDEX {quote(index.name)} ON {table} ({columns})"
+
+
+def _taken(keys: dict[str, set[str]], column: str | None) -> list[str]:
+    """The clauses of ``keys`` (clause -> its key's columns, lower case) of
+    the keys on ``column``, taken out of ``keys``: each key is dropped once."""
+    taken = [clause for clause, columns in keys.items() if column and column.lower() in columns]
+    for clause in taken:
+        del keys[clause]
+    return taken
 
 
 def _join(parts: list[Any], separator: str = ", ") -> Fragment:

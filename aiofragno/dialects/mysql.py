@@ -330,6 +330,7 @@ ADAPTER = DialectAdapter(
         migration_unlock_sql="SELECT RELEASE_LOCK({key})",
         drop_index_sql="DROP INDEX {index} ON {table}",
         foreign_keys_need_an_index=True,
+        drop_foreign_key_sql="DROP FOREIGN KEY {name}",
         catalog=CATALOG,
         alter_column_sql={
             "type": "ALTER TABLE {table} MODIFY COLUMN {definition}",

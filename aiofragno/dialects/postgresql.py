@@ -343,6 +343,8 @@ ADAPTER = DialectAdapter(
         lock_timeout_sql="SELECT set_config('lock_timeout', CAST(CAST({milliseconds} AS integer) "
         "AS text), TRUE)",
         current_schema_sql="SELECT current_schema() AS name",
+        # (DROP COLUMN would take the key with it; said, so that the plan shows it.)
+        drop_foreign_key_sql="DROP CONSTRAINT {name}",
         outbox_ticks_sql=OUTBOX_TICKS_DDL,
         catalog=CATALOG,
         alter_column_sql={

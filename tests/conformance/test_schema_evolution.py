@@ -272,8 +272,8 @@ async def test_dropping_the_index_a_reference_uses_keeps_the_reference(
         # No index of its own where one made before the drop serves the key.
         plan = await db.migration_plan(other, namespace=ns, allow_drop=drop)
         assert not [sql for sql in plan.statements if "fk_" in sql]
-        # Nor for a reference that goes with its index (planned, not run:
-        # MariaDB and SQLite cannot drop a reference column yet).
+        # Nor for a reference that goes with its index (planned here; run by
+        # test_dropping_a_reference_column_drops_its_key).
         gone = af.Schema(
             "fkidx", without.tables["users"], af.Table("posts", af.Column("n", "bigint"))
         )
@@ -282,6 +282,79 @@ async def test_dropping_the_index_a_reference_uses_keeps_the_reference(
         await db.migrate(without, namespace=ns, allow_drop=drop)
         assert not (await db.migration_plan(without, namespace=ns)).steps
         await _refuses_dangling(db, layout.table("posts").identifier, "author", ("n", 1))
+
+
+def _posts(*items: af.Column | af.Index | af.Dropped) -> af.Schema:
+    return af.Schema(
+        "refdrop",
+        af.Table("users", af.Column("email", "string")),
+        af.Table("posts", af.Column("n", "bigint"), *items),
+    )
+
+
+@pytest.mark.parametrize("index", ["none", "dropped before", "dropped with it"])
+async def test_dropping_a_reference_column_drops_its_key(
+    db: af.Database, spaces: Namespaces, index: str
+) -> None:
+    """A reference column declared af.Dropped goes with its foreign key
+    (MariaDB refused with error 1553, SQLite with "unknown column in foreign
+    key definition"). The key is dropped in the statement that drops the
+    column, and on MariaDB the index kept for the key goes with the column
+    (the key's own, ``fk_...``, after an earlier migration dropped the
+    declared one); on MariaDB the key goes instead just before a dropped
+    index it may be using; SQLite rebuilds the table without the key first.
+    A reference column left undeclared keeps its key, and nothing is left
+    to migrate."""
+    author = af.Reference("author", "users")
+    editor = af.Reference("editor", "users", nullable=True)
+    by_author = [] if index == "none" else [af.Index("by_author", ["author", "n"])]
+    v1 = _posts(author, editor, *by_author)
+    with_it = [af.Dropped("by_author", index=True)] if index == "dropped with it" else []
+    v2 = _posts(af.Dropped("author"), *with_it)  # ("editor" left out: nullable, so left)
+    layout = spaces.use(db, v1)
+    ns = layout.namespace
+    await db.migrate(v1, namespace=ns)
+    if index == "dropped before":
+        await db.migrate(_posts(author, editor, af.Dropped("by_author", index=True)), namespace=ns)
+
+    async def seed(uow: af.UnitOfWork) -> None:
+        ann, bob = uow.create("users", {"email": "ann"}), uow.create("users", {"email": "bob"})
+        for n, edited_by in enumerate((None, bob, ann)):
+            uow.create("posts", {"author": ann, "editor": edited_by, "n": n})
+
+    await db.execute_uow(seed, schema=v1, namespace=ns)
+    plan = await db.migration_plan(v2, namespace=ns)
+    spaces.use(db, v2, ns)
+    result = await db.migrate(v2, namespace=ns, plan=plan)
+    # (The plan that ran.)
+    titles = [s.title for s in plan.steps]
+    drop = next(s for s in plan.steps if s.what == "drop column")
+    assert drop.subject == "author" and drop.destructive
+    key = layout.foreign_key_name("posts", "author")
+    if db.name == "sqlite":  # (keys have no names there, and none is dropped in place)
+        rebuild = "rebuild table posts.author (reference dropped) [locks table, REWRITES TABLE]"
+        assert titles.index(rebuild) < titles.index(drop.title)
+        assert drop.sql[0] == f'ALTER TABLE "{layout.table("posts").name}" DROP COLUMN "author"'
+    elif db.name == "mysql" and index == "dropped with it":
+        [step] = [s for s in plan.steps if s.what == "drop index"]
+        assert step.sql[0].endswith(f"DROP FOREIGN KEY `{key}`")
+        assert step.sql[1].startswith("DROP INDEX") and key not in drop.sql[0]
+    else:  # (one statement: the key and the column go together, or neither does)
+        clause = "DROP FOREIGN KEY `" if db.name == "mysql" else 'DROP CONSTRAINT "'
+        assert f"{clause}{key}" in drop.sql[0] and "DROP COLUMN" in drop.sql[0]
+    if db.name != "sqlite":
+        assert not [title for title in titles if title.startswith("rebuild")]
+
+    assert [d.name for d in result.left] == ["editor"]
+    live = (await db.inspect(namespace=ns)).table("posts")
+    assert live is not None and live.column("author") is None
+    assert [k.columns for k in live.references] == [("editor",)]
+    assert not [i.name for i in live.indexes if "author" in i.columns]
+    assert (await db.migration_plan(v2, namespace=ns)).steps == ()  # no drift left
+    posts = layout.table("posts").identifier
+    rows = await db.fetch(af.sql("SELECT n FROM {t} ORDER BY n", t=posts))
+    assert [row["n"] for row in rows] == [0, 1, 2]
+    await _refuses_dangling(db, posts, "editor", ("n", 9))
 
 
 async def test_a_renamed_reference_keeps_its_key(db: af.Database, spaces: Namespaces) -> None:

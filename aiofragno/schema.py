@@ -450,6 +450,12 @@ class Table(Generic[RowT]):
                 raise SchemaError(
                     f"column {item.name!r} in {where} is reserved: every table has it already"
                 )
+            if (item.renamed_from or "").lower() in RESERVED_COLUMNS:
+                # (Renamed, the table would get a new id column: every row a new id.)
+                raise SchemaError(
+                    f"column {item.name!r} in {where} cannot be renamed_from="
+                    f"{item.renamed_from!r}: every table keeps that column, the rows' ids"
+                )
             _check_distinct("column", item.name, [*columns, "id"], where)
             columns[item.name] = item
         elif isinstance(item, Index):

@@ -21,6 +21,9 @@ from aiofragno.schema_changes import widening
         (af.Column("b", "string", renamed_from="x"), af.Dropped("x")),
         (af.Column("a", "string"), af.Dropped("a")),
         (af.Index("i", ["id"], renamed_from="j"), af.Index("j", ["id"])),
+        # (The rows' ids stay: renamed, every row would get a new one.)
+        (af.Column("a", "string", renamed_from="id"),),
+        (af.Reference("a", "t", renamed_from="ID"),),
     ],
 )
 def test_a_rename_or_drop_that_contradicts_the_declaration_is_refused(items: tuple[object]) -> None:

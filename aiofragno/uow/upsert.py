@@ -267,15 +267,18 @@ def _compiled(
 class UpsertRead(MutationOp):
     """Reads back the row an :class:`Upsert` wrote, by its key, where the
     database has no RETURNING. Where the upsert's clause fires on any
-    unique key, :class:`KeyRowUpdate` and :class:`InsertAbsent` ran
-    between them: a row holding the key is then the one the upsert wrote,
-    and none holding it is a unique violation of another index."""
+    unique key, either :class:`KeyRowUpdate` and :class:`InsertAbsent` ran
+    between them, so that a row holding the key is the one the upsert
+    wrote, or (``unchanged``: :attr:`UpsertSql.unchanged
+    <aiofragno.driver.UpsertSql.unchanged>`) the read takes that row only
+    if the upsert inserted or changed it. No row is then a unique
+    violation of another index."""
 
     op = "upsert_read"
     is_read = True
     wants_result = True
 
-    def __init__(self, catalog: Catalog, upsert: Upsert) -> None:
+    def __init__(self, catalog: Catalog, upsert: Upsert, unchanged: str | None = None) -> None:
         super().__init__(upsert.table, upsert.target)
         self.upsert = upsert
         table = upsert.table
@@ -285,9 +288,16 @@ class UpsertRead(MutationOp):
             ctx.text(f"SELECT {qualified}, t.{ctx.catalog.compiler.quote_identifier(VERSION)}, ")
             ctx.text(f"{table.internal_id} FROM {table.sql_name} t WHERE ")
             render_key(ctx, upsert.key)
+            if unchanged is not None:
+                # The row the upsert inserted, or one its update branch
+                # changed; else its clause fired on another key's row.
+                ctx.text(f" AND ({qualified} = ")
+                ctx.raw_value(str(upsert.target))
+                ctx.text(f" OR NOT ({unchanged}))")
 
         self.render = render
-        self.query = _compiled(catalog, upsert, "upsert_read", render)
+        kind = "upsert_read" if unchanged is None else "upsert_read_wrote"
+        self.query = _compiled(catalog, upsert, kind, render)
 
     def take(self, result: QueryResult) -> None:
         self.upsert.found(result.rows[0].raw)
@@ -333,12 +343,24 @@ def upsert_ops(catalog: Catalog, upsert: Upsert) -> list[MutationOp]:
     unchanged = catalog.adapter.sql.upsert.unchanged
     if unchanged is None:
         return [upsert, UpsertRead(catalog, upsert)]
+    if _only_unique_index(upsert.table, upsert.index):
+        # The clause can fire on no declared key but the named one (the id
+        # is new, the internal id generated), so no statement has to make
+        # it act on that key alone; the read finds no row if it fired on
+        # another (an index the schema does not declare): a unique
+        # violation, as the named key's clause would have had.
+        return [upsert, UpsertRead(catalog, upsert, unchanged)]
     return [
         upsert,
         KeyRowUpdate(catalog, upsert, unchanged),
         InsertAbsent(catalog, upsert),
         UpsertRead(catalog, upsert),
     ]
+
+
+def _only_unique_index(table: TableInfo, index: Index) -> bool:
+    """Whether ``index`` is the only unique index ``table`` declares."""
+    return not any(i.unique and i is not index for i in table.table.indexes.values())
 
 
 class CheckAbsent(MutationOp):

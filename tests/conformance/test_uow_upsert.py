@@ -38,6 +38,13 @@ KEYS = af.Schema(
         af.Column("uses", "bigint", default=0),
         af.Index("by_counter_label", ["counter", "label"], unique=True),
     ),
+    af.Table(  # one unique index: on MySQL, an upsert here is two statements
+        "singles",
+        af.Column("name", "string"),
+        af.Column("count", "bigint", default=0),
+        af.Column("code", "bigint", nullable=True),
+        af.Index("by_name", ["name"], unique=True),
+    ),
 )
 PATIENT = af.ExponentialBackoff(max_retries=200, initial=0.001, maximum=0.02)
 
@@ -405,3 +412,96 @@ async def test_upsert_without_the_outbox_and_under_its_counter(
                 assert ops == [("create", made.result), ("update", made.result)]
         finally:
             await drop_namespace(db, KEYS, env.namespace)
+
+
+async def test_upserts_by_a_tables_only_unique_key_under_concurrent_writers(keys: Env) -> None:
+    """A key of a table's only unique index: each upsert reports exactly
+    whether it created the row, and the versions count every update."""
+    created: list[bool] = []
+
+    async def upsert(uow: af.UnitOfWork, name: str, count: int) -> af.Upserted:
+        return uow.upsert("singles", {"name": name, "count": count}, on="by_name")
+
+    async def worker(number: int) -> None:
+        for round_ in range(6):
+            name = f"k{(number + round_) % 4}"
+            done = await keys.run(functools.partial(upsert, name=name, count=number), retry=PATIENT)
+            created.append(done.created)
+
+    async with anyio.create_task_group() as tg:
+        for number in range(12):
+            tg.start_soon(worker, number)
+    rows = await keys.find("singles", order_by="name")
+    assert [r["name"] for r in rows] == ["k0", "k1", "k2", "k3"]
+    assert created.count(True) == 4
+    assert sum(r["id"].version for r in rows) == 12 * 6 - 4
+
+
+async def test_upsert_firing_on_an_index_the_schema_does_not_declare_writes_nothing(
+    keys: Env, target: Target
+) -> None:
+    """On MySQL the clause of an upsert by a table's only declared unique
+    index fires on whichever unique index the row collides on: one made
+    outside the schema makes the upsert a unique violation, as its own
+    key's clause makes it on the other databases, and nothing is written."""
+    table = keys.ident("singles")
+    index = af.Identifier(f"extra_{keys.namespace}")
+    await keys.db.execute(
+        af.sql("CREATE UNIQUE INDEX {i} ON {t} ({c})", i=index, t=table, c=af.Identifier("code"))
+    )
+    [a, b] = await keys.create("singles", {"name": "a", "code": 1}, {"name": "b", "code": 2})
+    before = await keys.snapshot()
+
+    async def upsert(uow: af.UnitOfWork, values: dict[str, Any]) -> af.Upserted:
+        return uow.upsert("singles", values, on="by_name")
+
+    for values in ({"name": "c", "code": 1}, {"name": "b", "code": 1}):
+        with pytest.raises(af.UniqueViolation):
+            await keys.run(functools.partial(upsert, values=values))
+        assert await keys.snapshot() == before
+    again = await keys.run(functools.partial(upsert, values={"name": "a", "code": 1, "count": 7}))
+    assert (again.created, again.result, again.result.version) == (False, a, 1)
+    made = await keys.run(functools.partial(upsert, values={"name": "d", "code": 4}))
+    assert made.created and made.result not in (a, b)
+    assert await keys.count("singles") == 3
+    if target.dialect != "mysql":
+        return
+    # MySQL's clause fires on the first unique index the row collides on:
+    # those over NOT NULL columns before the others, each kind in the order
+    # they were made. One on count, with by_name made again after it, comes
+    # first: the clause fires on a's row, and b's, which holds the key, is
+    # not updated.
+    count, internal = af.Identifier("count"), af.Identifier("_id")
+    await keys.db.execute(af.sql("UPDATE {t} SET {c} = {i}", t=table, c=count, i=internal))
+    await keys.db.execute(
+        af.sql(
+            "CREATE UNIQUE INDEX {i} ON {t} ({c})", i=af.Identifier("by_count"), t=table, c=count
+        )
+    )
+    name = await keys.db.fetch_value(
+        af.sql(
+            "SELECT index_name FROM information_schema.statistics WHERE table_schema = "
+            "DATABASE() AND table_name = {t} AND column_name = 'name'",
+            t=table.parts[-1],
+        )
+    )
+    by_name = af.Identifier(name)
+    await keys.db.execute(af.sql("ALTER TABLE {t} DROP INDEX {i}", t=table, i=by_name))
+    await keys.db.execute(
+        af.sql(
+            "ALTER TABLE {t} ADD UNIQUE INDEX {i} ({c})",
+            t=table,
+            i=by_name,
+            c=af.Identifier("name"),
+        )
+    )
+    [row_a] = await keys.find("singles", where={"name": "a"})
+    before = await keys.snapshot()
+
+    async def code_only(uow: af.UnitOfWork) -> None:
+        values = {"name": "b", "count": row_a["count"], "code": 5}
+        uow.upsert("singles", values, on="by_name", update=["code"])
+
+    with pytest.raises(af.UniqueViolation):
+        await keys.run(code_only)
+    assert await keys.snapshot() == before

@@ -467,6 +467,10 @@ class Table(Generic[RowT]):
             dropped = self.dropped_indexes if item.index else self.dropped
             if item.name in declared or item.name in dropped:
                 raise SchemaError(f"{item!r} in {where} names one declared there already")
+            if not item.index and item.name.lower() in RESERVED_COLUMNS:
+                raise SchemaError(
+                    f"{item!r} in {where}: every table keeps that column, the rows' ids"
+                )
             dropped[item.name] = item
         else:
             raise SchemaError(

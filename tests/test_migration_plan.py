@@ -24,6 +24,8 @@ from aiofragno.schema_changes import widening
         # (The rows' ids stay: renamed, every row would get a new one.)
         (af.Column("a", "string", renamed_from="id"),),
         (af.Reference("a", "t", renamed_from="ID"),),
+        (af.Dropped("id"),),  # (it would do nothing: the ids stay)
+        (af.Dropped("Id"),),
     ],
 )
 def test_a_rename_or_drop_that_contradicts_the_declaration_is_refused(items: tuple[object]) -> None:

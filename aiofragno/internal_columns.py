@@ -21,13 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .introspection import LiveColumn, LiveTable
+from .introspection import LiveColumn, LiveReference, LiveTable
 from .schema import EXTERNAL_ID, INTERNAL_ID, VERSION, new_external_id
 from .schema_diff import EXTERNAL_ID_INDEX
 from .sql import Fragment, Identifier, sql
 
 if TYPE_CHECKING:
-    from .migrate import Migrator
+    from .migrate import Ddl, Migrator
     from .naming import PhysicalTable
 
 # Rows given new external ids by one statement.
@@ -86,19 +86,22 @@ def _rebuild(migrator: Migrator, physical: PhysicalTable, live: LiveTable) -> No
     name (the live columns it does not declare kept as they are), the rows
     copied with ``_id`` taken from the ``rowid`` (unique placeholders for
     ``id`` where it is missing, replaced at once), the old table dropped, the
-    new one renamed. (Renaming the old table first would make the other
-    tables' foreign keys follow it, and then point at nothing.)"""
+    new one renamed. The foreign keys of the kept columns are kept too.
+    (Renaming the old table first would make the other tables' foreign keys
+    follow it, and then point at nothing.)"""
     ddl = migrator.ddl
     quote = ddl.quote
     table = ddl.name(physical.identifier)
     new = quote(f"{physical.name}__aiofragno_new")
     ours = {n.lower() for n in (INTERNAL_ID, EXTERNAL_ID, VERSION, *physical.table.columns)}
     kept = [c for c in live.columns if c.name.lower() not in ours]
-    migrator.run(
-        ddl.create_table(
-            physical, migrator.layout, name=new, extra=[live_definition(quote, c) for c in kept]
-        )
-    )
+    left = {c.name.lower() for c in kept}
+    keys = [k for k in live.references if all(c.lower() in left for c in k.columns)]
+    extra = [
+        *(live_definition(quote, c) for c in kept),
+        *(live_key_definition(ddl, k) for k in keys),
+    ]
+    migrator.run(ddl.create_table(physical, migrator.layout, name=new, extra=extra))
     copied = [
         quote(c.name) for c in physical.table.columns.values() if live.column(c.name) is not None
     ]
@@ -120,6 +123,19 @@ def live_definition(quote: Callable[[str], str], column: LiveColumn) -> str:
     """A column definition restating ``column`` as the database has it."""
     text = f"{quote(column.name)} {column.sql_type}{'' if column.nullable else ' NOT NULL'}"
     return text if column.default is None else f"{text} DEFAULT {column.default}"
+
+
+def live_key_definition(ddl: Ddl, key: LiveReference) -> str:
+    """A table constraint restating foreign key ``key`` as the database has it."""
+    quote = ddl.quote
+    name = "" if key.name is None else f"CONSTRAINT {quote(key.name)} "
+    target = Identifier(key.to_table)
+    if key.to_schema is not None:
+        target = Identifier(key.to_schema, key.to_table)
+    return (
+        f"{name}FOREIGN KEY ({', '.join(quote(c) for c in key.columns)}) REFERENCES "
+        f"{ddl.name(target)} ({', '.join(quote(c) for c in key.to_columns)})"
+    )
 
 
 def _assign_external_ids(migrator: Migrator, physical: PhysicalTable) -> None:

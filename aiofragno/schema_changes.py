@@ -35,7 +35,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .errors import MigrationError, ValidationError
-from .internal_columns import live_definition
+from .internal_columns import live_definition, live_key_definition
 from .introspection import LiveColumn, LiveIndex, LiveReference, LiveTable
 from .migration_plan import PlanAction
 from .ownership import owner_key
@@ -378,7 +378,7 @@ class TableChanges:
                 name=new,
                 extra=[
                     *(live_definition(ddl.quote, c) for c in kept),
-                    *(self._key_definition(k) for k in keys),
+                    *(live_key_definition(ddl, k) for k in keys),
                 ],
             )
         )
@@ -409,18 +409,6 @@ class TableChanges:
         check = ddl.spec.foreign_key_check_sql
         if check is not None:
             m.act(f"-- {check}: no row references a missing one", lambda: self._foreign_keys(check))
-
-    def _key_definition(self, key: LiveReference) -> str:
-        """A table constraint restating foreign key ``key`` as the database has it."""
-        quote = self.migrator.ddl.quote
-        name = "" if key.name is None else f"CONSTRAINT {quote(key.name)} "
-        target = Identifier(key.to_table)
-        if key.to_schema is not None:
-            target = Identifier(key.to_schema, key.to_table)
-        return (
-            f"{name}FOREIGN KEY ({', '.join(quote(c) for c in key.columns)}) REFERENCES "
-            f"{self.migrator.ddl.name(target)} ({', '.join(quote(c) for c in key.to_columns)})"
-        )
 
     async def _foreign_keys(self, check: str) -> None:
         m = self.migrator

@@ -553,3 +553,50 @@ async def test_a_table_keyed_by_a_column_of_its_own_is_not_adopted(
         info.value
     )
     assert await column_names(db, physical) == {"code"}
+
+
+async def test_an_adopted_table_keeps_the_foreign_keys_of_its_undeclared_columns(
+    db: af.Database, spaces: Namespaces
+) -> None:
+    """Adopting rebuilds the table on SQLite (it cannot add a primary key):
+    a column the declaration leaves out keeps its foreign key."""
+    teams = af.Table("teams", af.Column("title", "string"))
+    first = af.Schema("app", teams)
+    ns = spaces.use(db, first).namespace
+    await db.migrate(first, namespace=ns)
+
+    async def make_team(uow: af.UnitOfWork) -> None:
+        uow.create("teams", {"title": "t"})
+
+    await run(db, first, ns, make_team)
+    [team] = await rows_of(db, first, ns, "teams")
+    schema = af.Schema("app", teams, af.Table("people", af.Column("name", af.varchar(40))))
+    layout = spaces.use(db, schema, ns)
+    physical = layout.table("people")
+    names = {c: af.Identifier(c) for c in ("id", "name", "team", "_id")}
+    await execute(
+        db,
+        "CREATE TABLE {t} ({name} varchar(40) NOT NULL, {team} bigint, "
+        "FOREIGN KEY ({team}) REFERENCES {teams} ({_id}))",
+        t=physical.identifier,
+        teams=layout.table("teams").identifier,
+        **{k: v for k, v in names.items() if k != "id"},
+    )
+    await db.migrate(schema, namespace=ns, adopt=True)
+
+    async def insert(name: str, team_id: int) -> None:
+        await db.execute(
+            af.sql(
+                "INSERT INTO {t} ({id}, {name}, {team}) VALUES ({v1}, {v2}, {v3})",
+                t=physical.identifier,
+                v1=f"id-{name}",
+                v2=name,
+                v3=team_id,
+                **{k: v for k, v in names.items() if k != "_id"},
+            )
+        )
+
+    await insert("ann", team["id"].internal_id)
+    with pytest.raises(af.IntegrityError):
+        await insert("bo", team["id"].internal_id + 1000)
+    assert {r["name"] for r in await rows_of(db, schema, ns, "people")} == {"ann"}

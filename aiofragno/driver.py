@@ -260,6 +260,10 @@ class DdlSpec:
     add_column_references: bool = True
     # Drops index {index} of table {table} (both quoted).
     drop_index_sql: str = "DROP INDEX {index}"
+    # Drops index {index}: a clause of ALTER TABLE, where the database has
+    # one. Used where an index is dropped with the foreign key it may serve
+    # (see foreign_keys_need_an_index), in one statement: both go or neither.
+    drop_index_clause: str | None = None
     # The database refuses to drop the last index a foreign key can use
     # (MySQL, MariaDB: error 1553, which left a migration half done): such a
     # key first gets an index of its own, named as the key, as the database

@@ -30,7 +30,7 @@ left, or refused).
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -228,7 +228,8 @@ class TableChanges:
                     .replace("{new}", ddl.quote(new))
                 )
             else:
-                m.run(self._drop_index_sql(old))
+                for statement in self._drop_index_sql(old):
+                    m.run(statement)
                 if index is not None:
                     m.run(ddl.create_index(self.physical, index, m.layout))
                 else:  # (the unique index a healed table's ids got)
@@ -486,10 +487,11 @@ class TableChanges:
         are dropped in the column's own statement: without transactional DDL
         (MySQL) the key and the column go together or not at all. Only where
         the database keeps an index for each key and an index to drop may be
-        that key's, the key goes just before the index (a failure after it
-        leaves the column whole, no longer checked; migrating again goes on
-        from there). Where the database cannot drop a key in place, the
-        table was rebuilt without it (:meth:`plan_alterations`)."""
+        that key's, the key goes with the index, in its statement (then the
+        column, no longer checked, goes in a later one; should that fail,
+        migrating again goes on from there). Where the database cannot drop
+        a key in place, the table was rebuilt without it
+        (:meth:`plan_alterations`)."""
         m, ddl = self.migrator, self.migrator.ddl
         table = ddl.name(self.physical.identifier)
         ordered = sorted(self.drops, key=lambda d: isinstance(d, RemovedColumn))
@@ -518,9 +520,9 @@ class TableChanges:
                 for statement in keep_keys:
                     m.run(statement)
                 keep_keys = []
-                for clause in _taken(loose_keys, self._key_index_column(name)):
-                    m.run(f"ALTER TABLE {table} {clause}")
-                m.run(self._drop_index_sql(name))
+                keys = _taken(loose_keys, self._key_index_column(name))
+                for statement in self._drop_index_sql(name, keys):
+                    m.run(statement)
             key = f"{m.layout.namespace}.dropped:{self.table.name}.{name}"
             record = json.dumps({"kind": what, "was": d.live}, ensure_ascii=False)
             m.act(f"-- {SETTINGS_TABLE}: {key} = {record}", _recorder(m, key, record))
@@ -601,11 +603,19 @@ class TableChanges:
             Identifier(name) if schema is None else Identifier(schema, name)
         )
 
-    def _drop_index_sql(self, name: str) -> str:
+    def _drop_index_sql(self, name: str, keys: Sequence[str] = ()) -> list[str]:
+        """The statements dropping index ``name`` after ``keys`` (clauses
+        dropping the foreign keys it may serve): one ALTER TABLE where the
+        database has a clause for the index (:attr:`DdlSpec.drop_index_clause`),
+        so that a failure leaves both."""
         ddl = self.migrator.ddl
-        return ddl.spec.drop_index_sql.replace("{index}", self._index(name)).replace(
-            "{table}", ddl.name(self.physical.identifier)
-        )
+        table = ddl.name(self.physical.identifier)
+        index = self._index(name)
+        clause = ddl.spec.drop_index_clause
+        if keys and clause is not None:
+            return [f"ALTER TABLE {table} {', '.join([*keys, clause.replace('{index}', index)])}"]
+        alone = ddl.spec.drop_index_sql.replace("{index}", index).replace("{table}", table)
+        return [*(f"ALTER TABLE {table} {key}" for key in keys), alone]
 
     def _refuse(self, why: str) -> None:
         self.migrator.refusals.append(f"table {self.table.name!r} ({self.physical}): {why}")

@@ -329,6 +329,7 @@ ADAPTER = DialectAdapter(
         lock_timeout_reset_sql="SET SESSION lock_wait_timeout = DEFAULT",
         migration_unlock_sql="SELECT RELEASE_LOCK({key})",
         drop_index_sql="DROP INDEX {index} ON {table}",
+        drop_index_clause="DROP INDEX {index}",
         foreign_keys_need_an_index=True,
         drop_foreign_key_sql="DROP FOREIGN KEY {name}",
         catalog=CATALOG,

@@ -18,9 +18,10 @@ Rows keep their data and are read and written by units of work afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
+from .errors import MigrationError
 from .introspection import LiveColumn, LiveReference, LiveTable
 from .schema import EXTERNAL_ID, INTERNAL_ID, VERSION, new_external_id
 from .schema_diff import EXTERNAL_ID_INDEX
@@ -86,7 +87,8 @@ def _rebuild(migrator: Migrator, physical: PhysicalTable, live: LiveTable) -> No
     name (the live columns it does not declare kept as they are), the rows
     copied with ``_id`` taken from the ``rowid`` (unique placeholders for
     ``id`` where it is missing, replaced at once), the old table dropped, the
-    new one renamed. The foreign keys of the kept columns are kept too.
+    new one renamed. The kept columns keep their foreign keys and UNIQUE
+    constraints, and the rows are checked against the keys.
     (Renaming the old table first would make the other tables' foreign keys
     follow it, and then point at nothing.)"""
     ddl = migrator.ddl
@@ -95,12 +97,9 @@ def _rebuild(migrator: Migrator, physical: PhysicalTable, live: LiveTable) -> No
     new = quote(f"{physical.name}__aiofragno_new")
     ours = {n.lower() for n in (INTERNAL_ID, EXTERNAL_ID, VERSION, *physical.table.columns)}
     kept = [c for c in live.columns if c.name.lower() not in ours]
-    left = {c.name.lower() for c in kept}
-    keys = [k for k in live.references if all(c.lower() in left for c in k.columns)]
-    extra = [
-        *(live_definition(quote, c) for c in kept),
-        *(live_key_definition(ddl, k) for k in keys),
-    ]
+    constraints, problems = kept_constraints(ddl, live, {c.name.lower() for c in kept})
+    migrator.refusals += [f"table {physical.table.name!r} ({physical}): {p}" for p in problems]
+    extra = [*(live_definition(quote, c) for c in kept), *constraints]
     migrator.run(ddl.create_table(physical, migrator.layout, name=new, extra=extra))
     copied = [
         quote(c.name) for c in physical.table.columns.values() if live.column(c.name) is not None
@@ -117,6 +116,26 @@ def _rebuild(migrator: Migrator, physical: PhysicalTable, live: LiveTable) -> No
     migrator.run(f"ALTER TABLE {new} RENAME TO {quote(physical.name)}")
     if not has_id:
         _assign_external_ids(migrator, physical)
+    check_foreign_keys(migrator, physical.table.name)
+
+
+def check_foreign_keys(migrator: Migrator, table: str) -> None:
+    """After a rebuild of ``table``, where the database checks foreign keys
+    by a statement (SQLite): refuse the migration, nothing changed, if a
+    row references a missing one."""
+    check = migrator.ddl.spec.foreign_key_check_sql
+    if check is None:
+        return
+
+    async def run() -> None:
+        rows = (await migrator.session.execute(migrator.compile(sql(check)))).rows
+        if rows:
+            raise MigrationError(
+                f"rebuilding table {table!r} would leave rows referencing missing ones "
+                f"(first: {dict(rows[0])}); nothing was changed. Fix those rows, then migrate again"
+            )
+
+    migrator.act(f"-- {check}: no row references a missing one", run)
 
 
 def live_definition(quote: Callable[[str], str], column: LiveColumn) -> str:
@@ -125,17 +144,50 @@ def live_definition(quote: Callable[[str], str], column: LiveColumn) -> str:
     return text if column.default is None else f"{text} DEFAULT {column.default}"
 
 
+def kept_constraints(
+    ddl: Ddl, live: LiveTable, kept: Collection[str], leaving: Collection[LiveReference] = ()
+) -> tuple[list[str], list[str]]:
+    """The table constraints with which a rebuilt table (SQLite) keeps the
+    columns ``kept`` (lower case) as they are: their foreign keys, but for
+    ``leaving``, and their UNIQUE constraints; and, for what it cannot
+    restate exactly, why (the migration is then refused)."""
+    definitions: list[str] = []
+    problems: list[str] = []
+    for key in live.references:
+        if key in leaving or not all(c.lower() in kept for c in key.columns):
+            continue
+        if not key.restatable:
+            problems.append(
+                f"the table's definition says DEFERRABLE, and SQLite's catalog does not say of "
+                f"which foreign key, so a rebuild cannot keep the one on {', '.join(key.columns)} "
+                "as it is; drop or declare that column, or make the change by hand"
+            )
+            continue
+        definitions.append(live_key_definition(ddl, key))
+    for index in live.indexes:
+        columns = [c for c in index.columns if c is not None]
+        if (
+            index.unique
+            and not index.primary
+            and index.name.lower().startswith("sqlite_autoindex")
+            and len(columns) == len(index.columns)
+            and all(c.lower() in kept for c in columns)
+        ):
+            definitions.append(f"UNIQUE ({', '.join(ddl.quote(c) for c in columns)})")
+    return definitions, problems
+
+
 def live_key_definition(ddl: Ddl, key: LiveReference) -> str:
-    """A table constraint restating foreign key ``key`` as the database has it."""
+    """A table constraint restating foreign key ``key`` as the database has
+    it (no column list: the referenced table's primary key)."""
     quote = ddl.quote
     name = "" if key.name is None else f"CONSTRAINT {quote(key.name)} "
     target = Identifier(key.to_table)
     if key.to_schema is not None:
         target = Identifier(key.to_schema, key.to_table)
-    return (
-        f"{name}FOREIGN KEY ({', '.join(quote(c) for c in key.columns)}) REFERENCES "
-        f"{ddl.name(target)} ({', '.join(quote(c) for c in key.to_columns)})"
-    )
+    to = f" ({', '.join(quote(c) for c in key.to_columns)})" if key.to_columns else ""
+    columns = ", ".join(quote(c) for c in key.columns)
+    return f"{name}FOREIGN KEY ({columns}) REFERENCES {ddl.name(target)}{to}{key.actions}"
 
 
 def _assign_external_ids(migrator: Migrator, physical: PhysicalTable) -> None:

@@ -71,13 +71,21 @@ class LiveIndex:
 class LiveReference:
     """A foreign key: ``columns`` of this table reference ``to_columns`` of
     ``to_table`` (in ``to_schema``; None where the catalog does not say,
-    SQLite). ``name`` is None where the catalog keeps none (SQLite)."""
+    SQLite; ``to_columns`` empty: its primary key, named by none, SQLite).
+    ``name`` is None where the catalog keeps none (SQLite).
+
+    Read where a SQLite table is rebuilt, which restates its keys (not
+    compared): ``actions``, its ``ON UPDATE``/``ON DELETE`` clauses other
+    than the default; ``restatable``, False where the table's definition may
+    say more of its keys than the catalog does (``DEFERRABLE``)."""
 
     name: str | None
     columns: tuple[str, ...]
     to_schema: str | None
     to_table: str
     to_columns: tuple[str, ...]
+    actions: str = field(default="", compare=False)
+    restatable: bool = field(default=True, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,10 +247,25 @@ def _references(rows: list[Mapping[str, Any]]) -> tuple[LiveReference, ...]:
             tuple(_text(r["column_name"]) for r in parts),
             None if parts[0]["to_schema"] is None else _text(parts[0]["to_schema"]),
             _text(parts[0]["to_table"]),
-            tuple(_text(r["to_column"]) for r in parts),
+            ()
+            if any(r["to_column"] is None for r in parts)
+            else tuple(_text(r["to_column"]) for r in parts),
+            _actions(parts[0]),
+            not parts[0].get("maybe_deferrable"),
         )
         for parts in grouped
     )
+
+
+def _actions(row: Mapping[str, Any]) -> str:
+    """A key's ``ON UPDATE``/``ON DELETE`` clauses, where the catalog says
+    (SQLite), but for the default (NO ACTION)."""
+    clauses = [
+        f" ON {event} {_text(row[column])}"
+        for event, column in (("UPDATE", "on_update"), ("DELETE", "on_delete"))
+        if row.get(column) not in (None, "NO ACTION")
+    ]
+    return "".join(clauses)
 
 
 @dataclass(frozen=True, slots=True)

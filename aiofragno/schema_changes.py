@@ -34,8 +34,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .errors import MigrationError, ValidationError
-from .internal_columns import live_definition, live_key_definition
+from .errors import ValidationError
+from .internal_columns import check_foreign_keys, kept_constraints, live_definition
 from .introspection import LiveColumn, LiveIndex, LiveReference, LiveTable
 from .migration_plan import PlanAction
 from .ownership import owner_key
@@ -349,9 +349,9 @@ class TableChanges:
     def _rebuild(self, unkeyed: Collection[LiveReference] = ()) -> None:
         """SQLite's documented table rebuild (see the module docstring). The
         columns the declaration does not have are kept as they are, with
-        their foreign keys — but for ``unkeyed``, the keys of the columns the
-        migration drops (after the rebuild, by ``DROP COLUMN``, which a key
-        on the column would refuse)."""
+        their foreign keys and UNIQUE constraints — but for ``unkeyed``, the
+        keys of the columns the migration drops (after the rebuild, by ``DROP
+        COLUMN``, which a key on the column would refuse)."""
         m, ddl, live = self.migrator, self.migrator.ddl, self.live
         assert live is not None
         quote = ddl.quote
@@ -365,24 +365,12 @@ class TableChanges:
         ours = {n.lower() for n in (INTERNAL_ID, EXTERNAL_ID, VERSION, *self.table.columns)}
         kept = [c for c in live.columns if c.name.lower() not in ours]
         left = {c.name.lower() for c in kept}
-        keys = [
-            k
-            for k in live.references
-            if k not in unkeyed and all(c.lower() in left for c in k.columns)
-        ]
-        new_name = f"{self.physical.name}__aiofragno_new"
-        new = quote(new_name)
-        m.run(
-            ddl.create_table(
-                self.physical,
-                m.layout,
-                name=new,
-                extra=[
-                    *(live_definition(ddl.quote, c) for c in kept),
-                    *(live_key_definition(ddl, k) for k in keys),
-                ],
-            )
-        )
+        constraints, problems = kept_constraints(ddl, live, left, unkeyed)
+        for problem in problems:
+            self._refuse(f"cannot rebuild the table ({subject}): {problem}")
+        extra = [*(live_definition(ddl.quote, c) for c in kept), *constraints]
+        new = quote(f"{self.physical.name}__aiofragno_new")
+        m.run(ddl.create_table(self.physical, m.layout, name=new, extra=extra))
         names = ", ".join(
             quote(n)
             for n in (
@@ -407,18 +395,7 @@ class TableChanges:
                 )
                 continue
             m.run(_create_index(ddl.quote, table, index))
-        check = ddl.spec.foreign_key_check_sql
-        if check is not None:
-            m.act(f"-- {check}: no row references a missing one", lambda: self._foreign_keys(check))
-
-    async def _foreign_keys(self, check: str) -> None:
-        m = self.migrator
-        rows = (await m.session.execute(m.compile(sql(check)))).rows
-        if rows:
-            raise MigrationError(
-                f"rebuilding table {self.table.name!r} would leave rows referencing missing ones "
-                f"(first: {dict(rows[0])}); nothing was changed. Fix those rows, then migrate again"
-            )
+        check_foreign_keys(m, self.table.name)
 
     # -- indexes ----------------------------------------------------------------
 

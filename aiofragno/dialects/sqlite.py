@@ -58,8 +58,12 @@ CATALOG = CatalogSql(
     indexes="SELECT il.name AS name, il.\"unique\" AS is_unique, il.origin = 'pk' AS is_primary, "
     "ii.name AS column_name FROM pragma_index_list({table}) AS il, "
     "pragma_index_info(il.name) AS ii ORDER BY il.name, ii.seqno",
+    # (on_update, on_delete and maybe_deferrable: what a rebuild restates;
+    # the catalog does not say whether a key is DEFERRABLE, the table's text may.)
     references='SELECT NULL AS name, fk.seq + 1 AS position, fk."from" AS column_name, NULL AS to_schema, '
-    'fk."table" AS to_table, fk."to" AS to_column '
+    'fk."table" AS to_table, fk."to" AS to_column, fk.on_update, fk.on_delete, '
+    "instr(upper((SELECT sql FROM sqlite_master WHERE type = 'table' AND name = {table})), "
+    "'DEFERRABLE') > 0 AS maybe_deferrable "
     "FROM pragma_foreign_key_list({table}) AS fk ORDER BY fk.id, fk.seq",
     type_spellings=((r"\s+", " "),),
 )

@@ -600,3 +600,76 @@ async def test_an_adopted_table_keeps_the_foreign_keys_of_its_undeclared_columns
     with pytest.raises(af.IntegrityError):
         await insert("bo", team["id"].internal_id + 1000)
     assert {r["name"] for r in await rows_of(db, schema, ns, "people")} == {"ann"}
+
+
+async def test_sqlite_rebuilds_restate_kept_keys_as_written_or_refuse(
+    db: af.Database, spaces: Namespaces
+) -> None:
+    """SQLite rebuilds a table to adopt it and to change a column: the
+    columns it keeps as they are keep a key to the parent's primary key
+    named by no column, its ON DELETE action, and a UNIQUE constraint a key
+    of the table points at; a key the catalog cannot describe exactly (the
+    table says DEFERRABLE) makes the migration a refusal, nothing changed."""
+    if db.name != "sqlite":
+        pytest.skip("only SQLite rebuilds tables")
+    teams = af.Table("teams", af.Column("title", "string"))
+    ns = spaces.use(db, af.Schema("app", teams)).namespace
+    await db.migrate(af.Schema("app", teams), namespace=ns)
+
+    async def make_team(uow: af.UnitOfWork) -> None:
+        uow.create("teams", {"title": "t"})
+
+    await run(db, af.Schema("app", teams), ns, make_team)
+    [team] = await rows_of(db, af.Schema("app", teams), ns, "teams")
+    team_id = team["id"].internal_id
+    people = lambda nullable: af.Table("people", af.Column("name", "text", nullable=nullable))  # noqa: E731
+    layout = spaces.use(db, af.Schema("app", teams, people(False)), ns)
+    table = layout.table("people").identifier
+    await execute(
+        db,
+        "CREATE TABLE {t} (name text NOT NULL, team bigint REFERENCES {teams} ON DELETE CASCADE, "
+        "code text UNIQUE, mentor text REFERENCES {t} (code))",
+        t=table,
+        teams=layout.table("teams").identifier,
+    )
+
+    async def insert(name: str, team: int | None, code: str, mentor: str | None) -> None:
+        await db.execute(
+            af.sql(
+                "INSERT INTO {t} (id, name, team, code, mentor) VALUES ({i}, {n}, {team}, {c}, {m})",
+                t=table,
+                i=f"id-{name}",
+                n=name,
+                team=team,
+                c=code,
+                m=mentor,
+            )
+        )
+
+    for version, nullable in enumerate((False, True)):  # adopted, then a column changed
+        await db.migrate(af.Schema("app", teams, people(nullable)), namespace=ns, adopt=True)
+        await insert(f"a{version}", team_id, f"c{version}", None)
+        await insert(f"b{version}", None, f"d{version}", f"c{version}")
+        for dangling in ((team_id + 99, "x", None), (None, "y", "nobody")):
+            with pytest.raises(af.IntegrityError):
+                await insert("z", *dangling)
+        with pytest.raises(af.IntegrityError):  # (the code is still unique)
+            await insert("z", None, f"c{version}", None)
+    count = af.sql("SELECT COUNT(*) FROM {t}", t=table)
+    assert await db.fetch_value(count) == 4
+    await db.execute(af.sql("UPDATE {t} SET mentor = NULL", t=table))
+    await db.execute(af.sql("DELETE FROM {t}", t=layout.table("teams").identifier))
+    assert await db.fetch_value(count) == 2  # (ON DELETE CASCADE)
+
+    pets = af.Schema("app", teams, people(True), af.Table("pets", af.Column("name", "text")))
+    pets_layout = spaces.use(db, pets, ns)
+    pets_table = pets_layout.table("pets").identifier
+    await execute(
+        db,
+        "CREATE TABLE {t} (name text, owner bigint REFERENCES {teams} DEFERRABLE INITIALLY DEFERRED)",
+        t=pets_table,
+        teams=layout.table("teams").identifier,
+    )
+    with pytest.raises(af.MigrationError, match="DEFERRABLE"):
+        await db.migrate(pets, namespace=ns, adopt=True)
+    assert await column_names(db, pets_layout.table("pets")) == {"name", "owner"}

@@ -376,6 +376,10 @@ class Capabilities:
     # takes the whole value: an order by a column whose values may be longer
     # is refused (see uow/catalog.py, TableInfo.check_sortable). None: whole.
     sort_prefix_bytes: int | None = None
+    # A retrieval phase's reads go as one UNION ALL statement (see
+    # uow/combine_reads.py) instead of a batch, which, for several reads,
+    # needs a snapshot transaction (three statements more: MySQL, MariaDB).
+    unites_reads: bool = False
 
 
 class ReplayPosition(Protocol):

@@ -212,6 +212,7 @@ ADAPTER = DialectAdapter(
         # list that works here should work on the server's own protocol.)
         max_parameters=65535,
         sort_prefix_bytes=1024,
+        unites_reads=True,
     ),
     outbox_version_strategy="insert-on-duplicate-last-insert-id",
     default_naming="suffix",

@@ -75,7 +75,8 @@ class TableInfo:
         self.unique_columns = frozenset[str]().union(*self.unique_keys)
         # What reads and aggregates build once per shape on this table.
         self.plans: ShapeCache[Any] = ShapeCache()
-        self.select_columns, self.select_from, self.decode = self._build_select(catalog, None)
+        self.select_list, self.select_from, self.decode = self._build_select(catalog, None)
+        self.select_columns = ", ".join(self.select_list)
 
     def column(self, name: str) -> ColumnInfo:
         try:
@@ -132,15 +133,17 @@ class TableInfo:
         if selection is None:
             for name in names:
                 self.column(name)
-            selection = Selection(*self._build_select(self._catalog, frozenset(names)))
+            select_list, select_from, decode = self._build_select(self._catalog, frozenset(names))
+            selection = Selection(select_list, ", ".join(select_list), select_from, decode)
             self._selections[names] = selection
         return selection
 
     def _build_select(
         self, catalog: Catalog, names: frozenset[str] | None
-    ) -> tuple[str, str, Callable[[Sequence[Any]], dict[str, Any]]]:
+    ) -> tuple[tuple[str, ...], str, Callable[[Sequence[Any]], dict[str, Any]]]:
         """The select list of a row (``names``: of those columns only, else
-        of all), the table and joins it selects from, and the row's decoder."""
+        of all; the internal id first), the table and joins it selects from,
+        and the row's decoder."""
         quote = catalog.compiler.quote_identifier
         selected = [self.internal_id, f"{ALIAS}.{quote(EXTERNAL_ID)}", f"{ALIAS}.{quote(VERSION)}"]
         joins: list[str] = []
@@ -162,13 +165,14 @@ class TableInfo:
             convert = catalog.codec.decoder(info.kind, info.column.arg)
             plan.append((info.name, plan_position, convert, ref_position, info.target_identity))
         source = f"{self.sql_name} {ALIAS}{''.join(joins)}"
-        return ", ".join(selected), source, row_decoder(plan, self.identity)
+        return tuple(selected), source, row_decoder(plan, self.identity)
 
 
 @dataclass(frozen=True, slots=True)
 class Selection:
     """A row read with some of its columns (see :meth:`TableInfo.selection`)."""
 
+    select_list: tuple[str, ...]
     select_columns: str
     select_from: str
     decode: Callable[[Sequence[Any]], dict[str, Any]]

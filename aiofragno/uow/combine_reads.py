@@ -1,47 +1,77 @@
-"""A retrieval phase as one statement, where the dialect can return a read's
-rows as one value (PostgreSQL, whose driver sends one statement per round
-trip): the statement has one column per read — its rows as an array of row
-values, or its count — so the phase costs one round trip instead of one per
-read.
+"""A retrieval phase as one statement, where the database allows, instead of
+a batch: one statement reads one snapshot by itself, so it needs no
+snapshot transaction around it, and costs one round trip.
+
+* Arrays of rows (PostgreSQL, whose driver sends one statement per round
+  trip): the statement has one column per read — its rows as an array of
+  row values, or its count.
+* A UNION ALL (MySQL, MariaDB, whose driver sends a batch in one round
+  trip, but a batch of several reads needs a snapshot transaction, three
+  statements more): one part per read, each in columns of its own (NULL in
+  the others' columns, so that no column mixes two reads' types), after the
+  read's number. The parts keep their own ORDER BY and LIMIT, which choose
+  their rows; what orders the result is the statement's own ORDER BY: the
+  read's number, then each read's order on its own columns (the others'
+  are NULL in its rows).
 
 Reads have no effects and all see the statement's one snapshot, so any reads
-combine; each keeps its own ORDER BY and LIMIT inside its array.
+combine (a union: reads of rows and counts).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..driver import CompiledQuery, QueryResult
+from ..schema import INTERNAL_ID
 from ..sqltext import SqlText
 from .aggregates import Aggregate
 from .catalog import Catalog
 from .ops import Count, ReadRows, RetrievalOp, statement_text
 
+Rows = list[list[Sequence[Any]]]  # each read's rows, as value sequences
+
+
+class Combined(NamedTuple):
+    """The one statement of a phase's reads, and what splits its result
+    into each read's rows."""
+
+    query: CompiledQuery
+    split: Callable[[QueryResult], Rows]
+
 
 def combine_reads(
     catalog: Catalog, ops: Sequence[RetrievalOp[object]], queries: Sequence[CompiledQuery]
-) -> CompiledQuery | None:
+) -> Combined | None:
     """The one statement running the reads ``ops`` (compiled as ``queries``),
-    or None where they go as a batch (a single read, or a dialect without
-    arrays of rows). Its text is cached by the reads' texts."""
-    template = catalog.adapter.sql.rows_array
-    if template is None or len(ops) < 2:
+    or None where they go as a batch (a single read; reads too many or of a
+    kind the database cannot combine). Its text is cached by the reads' texts."""
+    if len(ops) < 2:
         return None
     texts, parameters = zip(*queries, strict=True)  # (each a (sql, parameters) tuple)
     if sum(map(len, parameters)) > catalog.adapter.capabilities.max_parameters:
         return None  # (too many for one statement: each read goes on its own)
-    key = ("reads", *texts)
+    template = catalog.adapter.sql.rows_array
+    if template is not None:
+        render: Callable[[], SqlText] = lambda: _arrays(catalog, template, ops)  # noqa: E731
+        split = _arrays_split
+    elif catalog.adapter.capabilities.unites_reads and all(map(_unites, ops)):
+        render, split = (lambda: _union(catalog, ops)), _union_split
+    else:
+        return None
+    key = ("reads", template is not None, *texts)
     text = catalog.sql_cache.get(key)
     if text is None:
-        text = catalog.compiler.render(_combined(catalog, template, ops))
-        catalog.sql_cache[key] = text
-    return CompiledQuery(text, tuple(chain.from_iterable(parameters)))
+        text = catalog.sql_cache[key] = catalog.compiler.render(render())
+    return Combined(
+        CompiledQuery(text, tuple(chain.from_iterable(parameters))),
+        lambda result: split(ops, result),
+    )
 
 
-def _combined(catalog: Catalog, template: str, ops: Sequence[RetrievalOp[object]]) -> SqlText:
+def _arrays(catalog: Catalog, template: str, ops: Sequence[RetrievalOp[object]]) -> SqlText:
     """The statement with one column per read, joined from the reads' texts
     (rendered again for it, on this cache miss only)."""
     columns: list[SqlText] = []
@@ -55,12 +85,96 @@ def _combined(catalog: Catalog, template: str, ops: Sequence[RetrievalOp[object]
     return "SELECT " + SqlText.join(columns)
 
 
-def split_reads(
-    ops: Sequence[RetrievalOp[object]], result: QueryResult
-) -> list[list[Sequence[Any]]]:
-    """Each read's rows (value sequences) from the combined statement's one row."""
+def _arrays_split(ops: Sequence[RetrievalOp[object]], result: QueryResult) -> Rows:
+    """Each read's rows from the combined statement's one row."""
     values = result.rows[0].raw
     return [
         [(values[index],)] if isinstance(op, Count) else list(values[index])
         for index, op in enumerate(ops)
     ]
+
+
+def _unites(op: RetrievalOp[object]) -> bool:
+    """Whether ``op`` can be a part of a union: a count, or a read of rows
+    (not one made from its parent's rows) that selects what it is ordered by."""
+    if isinstance(op, Count):
+        return True
+    return (
+        isinstance(op, ReadRows) and not op.runs_after_parent and _order_positions(op) is not None
+    )
+
+
+def _order_positions(op: ReadRows[Any]) -> list[tuple[int, bool]] | None:
+    """Where in its select list each column of ``op``'s order is, and its
+    direction; None if one is not there (an order by a column a ``select``
+    leaves out, on a read without a limit)."""
+    table, columns = op.table, op.select_list
+    positions = []
+    for name, desc in op.statement_order():
+        expression = table.internal_id if name == INTERNAL_ID else table.column(name).qualified
+        if expression not in columns:
+            return None
+        positions.append((columns.index(expression), desc))
+    return positions
+
+
+def _width(op: RetrievalOp[object]) -> int:
+    return len(op.select_list) if isinstance(op, ReadRows) else 1
+
+
+def _union(catalog: Catalog, ops: Sequence[RetrievalOp[object]]) -> SqlText:
+    """``(SELECT 0 AS q, <read 0's columns>, NULL, .. FROM ..) UNION ALL
+    (SELECT 1, NULL, .., <read 1's columns> ..) .. ORDER BY q, <each read's
+    order on its columns>``, the columns named c0, c1, .. in the first part."""
+    widths = [_width(op) for op in ops]
+    total = sum(widths)
+    parts: list[SqlText] = []
+    order = ["q"]
+    start = 0
+    for number, (op, width) in enumerate(zip(ops, widths, strict=True)):
+        columns: list[SqlText | str] = ["NULL"] * start
+        columns += [*_columns(op, catalog), *["NULL"] * (total - start - width)]
+        if number == 0:  # (the union's columns take the first part's names)
+            columns = [column + f" AS c{i}" for i, column in enumerate(columns)]
+        select = f"SELECT {number}{' AS q' if number == 0 else ''}, " + SqlText.join(columns)
+        if isinstance(op, ReadRows):
+            rest = statement_text(catalog, op.table, op.render_from)
+            parts.append("(" + select + " FROM " + rest + ")")
+            order += _order_terms(op, start)
+        else:
+            parts.append(select)
+        start += width
+    return SqlText.join(parts, " UNION ALL ") + f" ORDER BY {', '.join(order)}"
+
+
+def _columns(op: RetrievalOp[object], catalog: Catalog) -> list[SqlText | str]:
+    """What ``op``'s part selects in its own columns."""
+    if isinstance(op, ReadRows):
+        return list(op.select_list)
+    return ["(" + statement_text(catalog, op.table, op.render) + ")"]
+
+
+def _order_terms(op: ReadRows[Any], start: int) -> list[str]:
+    """``op``'s order (as its statement sorts) on its columns, which start
+    at column ``c<start>``."""
+    positions = _order_positions(op)
+    assert positions is not None  # (else it is no part of a union: _unites)
+    return [f"c{start + i}{' DESC' if desc else ''}" for i, desc in positions]
+
+
+def _union_split(ops: Sequence[RetrievalOp[object]], result: QueryResult) -> Rows:
+    """Each read's rows from the union's rows: those with its number, its
+    columns."""
+    rows: Rows = [[] for _ in ops]
+    bounds = []
+    start = 1  # (after the read's number)
+    for op in ops:
+        width = _width(op)
+        bounds.append((start, start + width))
+        start += width
+    for row in result.rows:
+        values = row.raw
+        number = values[0]
+        begin, end = bounds[number]
+        rows[number].append(values[begin:end])
+    return rows

@@ -16,8 +16,8 @@ How a tree runs: every join is one more read, queued before the find, that
 selects its table's rows whose key is among the keys of its parent's rows —
 the parent's read itself, embedded as a derived table, so that it needs
 nothing from the parent's results and travels with it: one statement on
-PostgreSQL (see combine_reads), one batch (one round trip) elsewhere (but
-for a join read by key, below).
+PostgreSQL, MySQL and MariaDB (see combine_reads), one batch (one round
+trip) elsewhere (but for a join read by key, below).
 Joined rows come back as rows of their own table through its decoder, so
 every value is as exact as in a plain find, and each ``id`` is a RowId
 with version and table, usable in ``update(..., check=True)``. A
@@ -25,7 +25,7 @@ per-parent ``limit`` is a LIMIT per parent: in a LATERAL subquery
 (PostgreSQL) or a correlated ``IN (... LIMIT)`` (SQLite). Where the
 database has neither (MariaDB, MySQL), a join under a find's page of one
 row (``find_first``, ``limit=1``) takes that row's key from the find's read
-embedded as a scalar subquery, in its own statement; a join without joins
+embedded as a scalar subquery, in a read of its own; a join without joins
 of its own on the rows of a find whose page is at most
 :data:`BY_KEY_PARENTS` rows is
 read by key once that page is in: one ``WHERE <by> = <parent> ORDER BY ...
@@ -60,12 +60,14 @@ from .expr import Expr, fixed_columns, where_expr
 from .ops import (
     Find,
     FindFirst,
+    Order,
     ReadRows,
     RetrievalOp,
     cached_text,
     order_text,
     parse_order,
     plan_key,
+    with_tie,
 )
 
 MAX_DEPTH = 4
@@ -296,6 +298,7 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
         self.limit = self.after = self.select = None
         self.hidden = ()
         self.select_columns, self.select_from = table.select_columns, table.select_from
+        self.select_list = table.select_list
         self.decode = table.decode
         self.key = node.key
         self.parent = parent
@@ -388,6 +391,10 @@ class JoinRead(_CompiledWhenQueued, ReadRows[list[dict[str, Any]]]):
     def reads(self) -> list[JoinRead]:
         """This read and those of the joins below it."""
         return [self, *(read for join in self.joins for read in join.reads())]
+
+    def statement_order(self) -> Order:
+        # (A one's rows are found by key: they come in no order.)
+        return with_tie(self.table, self.order, self._fixed()) if self.many else ()
 
     def render_from(self, ctx: Compiling, *, keys_only: bool = False) -> None:
         # (No limit of its own: as the parent of a join, the same rows.)

@@ -307,6 +307,7 @@ class ReadPlan:
     full_order: Order
     select: tuple[str, ...] | None
     hidden: tuple[str, ...]
+    select_list: tuple[str, ...]
     select_columns: str
     select_from: str
     decode: Callable[[Sequence[Any]], dict[str, Any]]
@@ -345,6 +346,7 @@ def _read_plan(
         with_tie(table, order, fixed),
         names,
         hidden,
+        reads.select_list,
         reads.select_columns,
         reads.select_from,
         reads.decode,
@@ -416,6 +418,7 @@ class ReadRows(RetrievalOp[ResultT]):
         self.order, self.full_order = plan.order, plan.full_order
         self.select, self.hidden = plan.select, plan.hidden
         self.select_columns, self.select_from = plan.select_columns, plan.select_from
+        self.select_list = plan.select_list
         self.decode = plan.decode
         self.after = (
             None
@@ -440,6 +443,10 @@ class ReadRows(RetrievalOp[ResultT]):
         if ctx.build_text:  # (the walk for parameters alone skips building text)
             ctx.text(f"SELECT {self.select_columns} FROM ")
         self.render_from(ctx)
+
+    def statement_order(self) -> Order:
+        """The order its statement sorts its rows in (its tie-break included)."""
+        return self.full_order
 
     def render_from(self, ctx: Compiling, *, keys_only: bool = False) -> None:
         """The read after ``SELECT <select_columns> FROM``: the table and its

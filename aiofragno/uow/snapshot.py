@@ -11,8 +11,9 @@ the snapshot taken at its start (PostgreSQL: repeatable read; MySQL and
 MariaDB: ``WITH CONSISTENT SNAPSHOT`` at repeatable read; SQLite: a deferred
 transaction, whose first read fixes what the rest see). BEGIN and its end
 travel in the batch itself: no round trip more where the driver sends a
-batch at once (MySQL, SQLite); PostgreSQL combines its reads into one
-statement and needs the transaction only for reads too many to combine.
+batch at once (MySQL, SQLite). PostgreSQL, MySQL and MariaDB combine reads
+into one statement (:mod:`.combine_reads`) and need the transaction only
+for reads they cannot combine.
 The transaction ends with ROLLBACK: it wrote nothing, and so its end is
 never a COMMIT, whose outcome a lost connection would make unknown.
 

@@ -12,7 +12,7 @@ from ..schema import RowId, Table, table_name
 from .aggregates import Aggregate, AggregateFn
 from .bulk import All, BulkWrite, create_rows, expand, queue_bulk
 from .catalog import Catalog
-from .combine_reads import combine_reads, split_reads
+from .combine_reads import combine_reads
 from .expr import Expr
 from .joins import JoinedFind, JoinedFindFirst, Joins, check_tree_row, join_reads
 from .ops import Check, Count, Create, Delete, Find, FindFirst, MutationOp, RetrievalOp, Update
@@ -277,7 +277,7 @@ class UnitOfWork:
         """Each read's rows: one statement where the reads combine, else a batch."""
         combined = combine_reads(self._catalog, reads, queries)
         if combined is not None:
-            return split_reads(reads, (await self._reader([combined]))[0])
+            return combined.split((await self._reader([combined.query]))[0])
         if not any(op.runs_after_parent for op in reads):
             return [[row.raw for row in result.rows] for result in await self._reader(queries)]
         staged = StagedReads(reads, queries, self._on_query)

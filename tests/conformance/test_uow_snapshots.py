@@ -24,7 +24,7 @@ import pytest
 import aiofragno as af
 from aiofragno.driver import CompiledQuery
 from aiofragno.session import Session
-from tests.conformance.uow_env import Env, write_after_first_read
+from tests.conformance.uow_env import Env, reads_combine, write_after_first_read
 
 pytestmark = pytest.mark.anyio
 
@@ -178,7 +178,9 @@ async def test_a_write_between_two_reads_of_a_retrieve_is_not_seen(
     conflicts = shop.db.stats.conflicts
     row = await shop.run(read)
     assert row is not None
-    one_statement = shop.db._engine.adapter.sql.rows_array is not None and not wide
+    # (Too wide: a find and its two joins, each binding WIDE values.)
+    fits = not wide or shop.db._engine.adapter.capabilities.max_parameters >= 3 * WIDE
+    one_statement = reads_combine(shop.db) and fits
     assert raced == ([] if one_statement else [True])
     assert (row["to"]["owner"], row["from"]["owner"], row["from"]["balance"]) == ("b", "a", 4)
     assert shop.db.stats.conflicts == conflicts

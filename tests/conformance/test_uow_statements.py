@@ -21,6 +21,7 @@ from tests.conformance.uow_env import (
     SentBatches,
     Unit,
     read_account,
+    reads_combine,
     seed_accounts,
     stale,
 )
@@ -151,14 +152,17 @@ async def test_no_ops_means_no_query(shop: Env, monkeypatch: pytest.MonkeyPatch)
 async def test_reads_of_one_retrieve_travel_as_one_statement(
     shop: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where the dialect has arrays of rows, the reads queued for one
-    ``retrieve()`` are one statement; every read's result is what it would
-    be on its own: order, pages, references, NULLs, counts, no rows."""
+    """Where the dialect combines reads (arrays of rows, a UNION ALL), the
+    reads queued for one ``retrieve()`` are one statement; every read's
+    result is what it would be on its own: order (by NULLs and ties too),
+    pages, references, NULLs, counts, no rows."""
     ids = await seed_accounts(shop, "alice", "bob", "carol", "dave")
 
     async def seed(uow: af.UnitOfWork) -> None:
         uow.create("transfers", {"src": ids["alice"], "dst": ids["bob"], "amount": 7})
         uow.create("people", {"email": "e@example.com"})  # (account: NULL)
+        for n, account in enumerate([ids["bob"], None, ids["bob"], ids["alice"]]):
+            uow.create("people", {"email": f"p{n}@example.com", "account": account})
 
     await shop.run(seed)
     reads: list[Callable[[af.UnitOfWork], Any]] = [
@@ -169,6 +173,9 @@ async def test_reads_of_one_retrieve_travel_as_one_statement(
         lambda uow: uow.find("people"),
         lambda uow: uow.find_first("accounts", where={"owner": "nobody"}),
         lambda uow: uow.find("accounts", where={"owner": "nobody"}),
+        lambda uow: uow.find("people", order_by=("account", "desc")),
+        lambda uow: uow.find("people", order_by="account"),
+        lambda uow: uow.find("accounts", order_by=["balance", ("owner", "desc")], limit=3),
     ]
 
     async def one_by_one(uow: af.UnitOfWork) -> list[Any]:
@@ -196,7 +203,7 @@ async def test_reads_of_one_retrieve_travel_as_one_statement(
 
     both = await shop.run(together)
     dialect = shop.db._engine.adapter.sql
-    if dialect.rows_array is not None:
+    if reads_combine(shop.db):
         assert [len(batch) for batch in batches] == [1]
     else:  # (one batch, the reads in a snapshot: aiofragno.uow.snapshot)
         [batch] = batches

@@ -212,11 +212,19 @@ class SentBatches:
         return any(len(b) == 1 and b[0].startswith("WITH q0 AS") for b in batches)
 
 
+def reads_combine(db: af.Database) -> bool:
+    """Whether a retrieve's reads go as one statement on ``db``
+    (aiofragno.uow.combine_reads): arrays of rows on PostgreSQL, a UNION ALL
+    on MySQL and MariaDB."""
+    adapter = db._engine.adapter
+    return adapter.sql.rows_array is not None or adapter.capabilities.unites_reads
+
+
 def write_after_first_read(monkeypatch: pytest.MonkeyPatch, env: Env, write: Unit) -> list[bool]:
     """Make the next batch of reads that has a statement after its first
     SELECT stop there while ``env`` runs the unit ``write`` (on another
     connection), then go on. The list returned holds True once that happened
-    (never where each retrieve is one statement: PostgreSQL's combined reads)."""
+    (never where a retrieve is one statement: see :func:`reads_combine`)."""
     original = Session.execute_batch
     raced: list[bool] = []
 

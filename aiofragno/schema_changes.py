@@ -168,6 +168,10 @@ class TableChanges:
         assert old_table is not None
         ours: list[tuple[str, str, Index | None]] = [(EXTERNAL_ID_INDEX, EXTERNAL_ID_INDEX, None)]
         ours += [(i.renamed_from or i.name, i.name, i) for i in self.table.indexes.values()]
+        if self.former is not None:
+            # (And those no longer declared: named after the table's new name,
+            # the diff finds them as the table's, to drop or to report.)
+            ours += [(n, n, None) for n in self._undeclared_indexes(indexes, old_table, ours)]
         for was, name, index in ours:
             old = layout.index_name(old_table, was)
             new = layout.index_name(self.table.name, name)
@@ -184,6 +188,25 @@ class TableChanges:
             indexes[at] = replace(indexes[at], name=new)
         references = tuple(self._followed(r, new_names) for r in live.references)
         return replace(live, columns=tuple(columns), indexes=tuple(indexes), references=references)
+
+    def _undeclared_indexes(
+        self, indexes: Sequence[LiveIndex], table: str, declared: Sequence[tuple[str, str, Any]]
+    ) -> list[str]:
+        """The names, as declared, of the indexes of ``table`` (named as its
+        own: see :meth:`Layout.index_name`) that ``declared`` (was, name, _)
+        does not rename."""
+        layout = self.migrator.layout
+        prefix = layout.naming.index(layout.namespace, table, "").lower()
+        taken = {layout.index_name(table, was).lower() for was, _, _ in declared}
+        found = []
+        for index in indexes:
+            name = index.name
+            if not name.lower().startswith(prefix) or name.lower() in taken:
+                continue
+            was = name[len(prefix) :]
+            if layout.index_name(table, was).lower() == name.lower():  # (not shortened)
+                found.append(was)
+        return found
 
     def _followed(self, reference: LiveReference, new_names: Mapping[str, str]) -> LiveReference:
         """``reference`` as it is once the declared renames are made: its

@@ -12,7 +12,10 @@ snapshot transaction around it, and costs one round trip.
   read's number. The parts keep their own ORDER BY and LIMIT, which choose
   their rows; what orders the result is the statement's own ORDER BY: the
   read's number, then each read's order on its own columns (the others'
-  are NULL in its rows).
+  are NULL in its rows). Every part has every read's columns, the result
+  goes through a temporary table, and its sort key holds every read's
+  order: so only a few reads of a few rows and columns unite (the limits
+  below); more go as the batch, whose cost grows with them only linearly.
 
 Reads have no effects and all see the statement's one snapshot, so any reads
 combine (a union: reads of rows and counts).
@@ -29,9 +32,17 @@ from ..schema import INTERNAL_ID
 from ..sqltext import SqlText
 from .aggregates import Aggregate
 from .catalog import Catalog
+from .joins import JoinRead
 from .ops import Count, ReadRows, RetrievalOp, statement_text
 
 Rows = list[list[Sequence[Any]]]  # each read's rows, as value sequences
+
+# What a UNION ALL of reads may hold at most: reads, columns in all, order
+# columns in all (each up to 1,020 sort bytes in a key), and rows.
+MAX_UNITED_READS = 6
+MAX_UNITED_COLUMNS = 64
+MAX_UNITED_ORDER = 8
+MAX_UNITED_ROWS = 500
 
 
 class Combined(NamedTuple):
@@ -57,7 +68,7 @@ def combine_reads(
     if template is not None:
         render: Callable[[], SqlText] = lambda: _arrays(catalog, template, ops)  # noqa: E731
         split = _arrays_split
-    elif catalog.adapter.capabilities.unites_reads and all(map(_unites, ops)):
+    elif catalog.adapter.capabilities.unites_reads and _unite(ops):
         render, split = (lambda: _union(catalog, ops)), _union_split
     else:
         return None
@@ -94,14 +105,37 @@ def _arrays_split(ops: Sequence[RetrievalOp[object]], result: QueryResult) -> Ro
     ]
 
 
-def _unites(op: RetrievalOp[object]) -> bool:
-    """Whether ``op`` can be a part of a union: a count, or a read of rows
-    (not one made from its parent's rows) that selects what it is ordered by."""
-    if isinstance(op, Count):
-        return True
-    return (
-        isinstance(op, ReadRows) and not op.runs_after_parent and _order_positions(op) is not None
-    )
+def _unite(ops: Sequence[RetrievalOp[object]]) -> bool:
+    """Whether ``ops`` go as a union: counts and reads of rows (not made
+    from their parent's rows, selecting what they are ordered by), within
+    the limits of a union's size."""
+    if len(ops) > MAX_UNITED_READS:
+        return False
+    columns = order = rows = 0
+    for op in ops:
+        if isinstance(op, Count):
+            columns, rows = columns + 1, rows + 1
+            continue
+        if not isinstance(op, ReadRows) or op.runs_after_parent:
+            return False
+        positions, bound = _order_positions(op), _row_bound(op)
+        if positions is None or bound is None:
+            return False
+        columns, order, rows = columns + len(op.select_list), order + len(positions), rows + bound
+    return columns <= MAX_UNITED_COLUMNS and order <= MAX_UNITED_ORDER and rows <= MAX_UNITED_ROWS
+
+
+def _row_bound(op: RetrievalOp[object]) -> int | None:
+    """The most rows ``op`` reads (None: no bound): a page's limit and the
+    one more row that tells of another page; a join's, per parent row."""
+    if isinstance(op, JoinRead):
+        parent = _row_bound(op.parent)
+        if parent is None or not op.many:
+            return parent
+        return None if op.per_parent is None else parent * op.per_parent
+    if isinstance(op, ReadRows):
+        return None if op.limit is None else op.limit + 1
+    return 1
 
 
 def _order_positions(op: ReadRows[Any]) -> list[tuple[int, bool]] | None:
@@ -158,7 +192,7 @@ def _order_terms(op: ReadRows[Any], start: int) -> list[str]:
     """``op``'s order (as its statement sorts) on its columns, which start
     at column ``c<start>``."""
     positions = _order_positions(op)
-    assert positions is not None  # (else it is no part of a union: _unites)
+    assert positions is not None  # (else it is no part of a union: _unite)
     return [f"c{start + i}{' DESC' if desc else ''}" for i, desc in positions]
 
 

@@ -20,7 +20,7 @@ import pytest
 import aiofragno as af
 from aiofragno.session import Session
 from aiofragno.uow.catalog import ShapeCache
-from tests.conformance.uow_env import Env, MakeEnv, reads_combine, seed_accounts
+from tests.conformance.uow_env import Env, MakeEnv, seed_accounts
 
 pytestmark = pytest.mark.anyio
 
@@ -275,8 +275,8 @@ async def test_one_round_trip_per_retrieve(shop: Env, monkeypatch: pytest.Monkey
 
     assert await shop.run(unit) == 8
     assert len(batches) == 1
-    if reads_combine(shop.db):  # one statement
-        assert batches == [1]
+    if shop.db._engine.adapter.sql.rows_array is not None:  # one statement (too many reads
+        assert batches == [1]  # for MySQL's union: aiofragno.uow.combine_reads)
 
 
 class _SlyInt(int):

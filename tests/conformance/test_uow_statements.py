@@ -8,6 +8,7 @@ afterwards (the fixtures are in conftest.py, the helpers in uow_env.py)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -152,10 +153,11 @@ async def test_no_ops_means_no_query(shop: Env, monkeypatch: pytest.MonkeyPatch)
 async def test_reads_of_one_retrieve_travel_as_one_statement(
     shop: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where the dialect combines reads (arrays of rows, a UNION ALL), the
-    reads queued for one ``retrieve()`` are one statement; every read's
-    result is what it would be on its own: order (by NULLs and ties too),
-    pages, references, NULLs, counts, no rows."""
+    """Where the dialect has arrays of rows, the reads queued for one
+    ``retrieve()`` are one statement (MySQL's union takes fewer reads, of
+    bounded rows: see the next test); every read's result is what it would
+    be on its own: order (by NULLs and ties too), pages, references, NULLs,
+    counts, no rows."""
     ids = await seed_accounts(shop, "alice", "bob", "carol", "dave")
 
     async def seed(uow: af.UnitOfWork) -> None:
@@ -203,7 +205,7 @@ async def test_reads_of_one_retrieve_travel_as_one_statement(
 
     both = await shop.run(together)
     dialect = shop.db._engine.adapter.sql
-    if reads_combine(shop.db):
+    if dialect.rows_array is not None:
         assert [len(batch) for batch in batches] == [1]
     else:  # (one batch, the reads in a snapshot: aiofragno.uow.snapshot)
         [batch] = batches
@@ -218,6 +220,60 @@ async def test_reads_of_one_retrieve_travel_as_one_statement(
     assert [(t["src"], t["dst"], t["amount"]) for t in both[3]] == [(ids["alice"], ids["bob"], 7)]
     assert both[4][0]["account"] is None
     assert both[5] is None and both[6] == []
+
+
+async def test_a_few_bounded_reads_unite_and_more_go_as_a_batch(
+    shop: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MySQL unites a retrieve's reads only while they are few, of few rows
+    and columns (aiofragno.uow.combine_reads); more go as the batch. Either
+    way each read's result is what it would be on its own."""
+    ids = await seed_accounts(shop, "alice", "bob", "carol", "dave")
+
+    async def seed(uow: af.UnitOfWork) -> None:
+        for n, account in enumerate([ids["bob"], None, ids["bob"], ids["alice"]]):
+            uow.create("people", {"email": f"p{n}@example.com", "account": account})
+
+    await shop.run(seed)
+    few: list[Callable[[af.UnitOfWork], Any]] = [
+        lambda uow: uow.find("accounts", order_by=["balance", ("owner", "desc")], limit=3),
+        lambda uow: uow.find_first("people", order_by=("account", "desc")),
+        lambda uow: uow.count("people", where={"account": None}),
+        lambda uow: uow.find(
+            "accounts",
+            where={"owner": "bob"},
+            limit=1,
+            join={"people": af.many("people", by="account", order_by="email", limit=5)},
+        ),
+    ]
+    more = [*few, lambda uow: uow.find("people", order_by="email")]  # (no limit)
+
+    async def together(reads: list[Callable[[af.UnitOfWork], Any]], uow: af.UnitOfWork) -> Any:
+        ops = [read(uow) for read in reads]
+        await uow.retrieve()
+        return [op.result for op in ops]
+
+    async def one_by_one(uow: af.UnitOfWork) -> list[Any]:
+        return [(await together([read], uow))[0] for read in more]
+
+    alone = await shop.run(one_by_one)
+    batches: list[list[str]] = []
+    original = Session.execute_batch
+
+    async def spying(self_: Session, queries: Any, stop: Any = None) -> Any:
+        batches.append([q.sql for q in queries])
+        return await original(self_, queries, stop)
+
+    monkeypatch.setattr(Session, "execute_batch", spying)
+    assert await shop.run(functools.partial(together, few)) == alone[: len(few)]
+    assert await shop.run(functools.partial(together, more)) == alone
+    if shop.db._engine.adapter.capabilities.unites_reads:
+        [[united], batch] = batches
+        assert united.startswith("(SELECT 0 AS q")
+        # (The reads, the join's one more, the snapshot's two statements, ROLLBACK.)
+        assert len(batch) == len(more) + 4
+    elif reads_combine(shop.db):
+        assert [len(batch) for batch in batches] == [1, 1]
 
 
 async def test_on_query_sees_every_statement(shop: Env) -> None:

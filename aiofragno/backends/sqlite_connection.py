@@ -192,6 +192,14 @@ class SqliteConnection(ABC):
     async def _call(self, call: Call[T]) -> T:
         """``call(sqlite3 connection)`` on the connection's thread."""
 
+    async def _call_settled(self, call: Call[T], settled: Callable[[T], object]) -> T:
+        """:meth:`_call`, and ``settled`` with its value as soon as it is
+        there: where the backend can, before the caller resumes (else as it
+        resumes). ``settled`` must not raise."""
+        value = await self._call(call)
+        settled(value)
+        return value
+
     @abstractmethod
     async def _close_raw(self) -> None:
         """Close the sqlite3 connection in its thread."""
@@ -259,14 +267,19 @@ class SqliteConnection(ABC):
         guard = CommitGuard(self._interrupt)
         begin = self._begin.take()
         call = partial(run_batch, queries=queries, stop=stop, begin=begin, commit=guard)
+
+        def settled(results: list[QueryResult]) -> None:
+            # Committed: the next writer may go at once, while this one's
+            # caller has yet to resume (its thread starts while this task
+            # takes its results, instead of after).
+            if not stopped(queries, results, stop):
+                self._release_gate()
+
         try:
-            results = await self._call(call)
+            return await self._call_settled(call, settled)
         except runtime.get_cancelled_exc_class():
             guard.interrupt()
             raise
-        if not stopped(queries, results, stop):
-            self._release_gate()
-        return results
 
     async def rollback(self) -> None:
         try:

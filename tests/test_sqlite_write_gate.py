@@ -8,6 +8,7 @@ are the conformance suite's.)"""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +37,7 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_the_next_writer_passes_the_gate_before_the_committed_one_resumes(
     tmp_path: Path, events: list[str]
 ) -> None:
-    asyncio.run(_next_writer_first(tmp_path, events))
-
-
-async def _next_writer_first(tmp_path: Path, events: list[str]) -> None:
-    async with af.connect(f"sqlite:///{tmp_path}/g.db", backend="sqlite", pool_size=2) as db:
-        await db.migrate(SCHEMA)
-
+    async def check(db: af.Database) -> None:
         async def write(n: int) -> None:
             async def unit(uow: af.UnitOfWork) -> None:
                 uow.create("notes", {"n": n})
@@ -57,17 +52,13 @@ async def _next_writer_first(tmp_path: Path, events: list[str]) -> None:
         assert events.index("gate 2") < events.index("done 1")
         assert await _count(db) == 2
 
+    _with_database(tmp_path, check)
+
 
 def test_a_conflicted_batch_keeps_the_gate_until_it_rolled_back(
     tmp_path: Path, events: list[str]
 ) -> None:
-    asyncio.run(_conflicted_keeps_the_gate(tmp_path, events))
-
-
-async def _conflicted_keeps_the_gate(tmp_path: Path, events: list[str]) -> None:
-    async with af.connect(f"sqlite:///{tmp_path}/g.db", backend="sqlite", pool_size=2) as db:
-        await db.migrate(SCHEMA)
-
+    async def check(db: af.Database) -> None:
         async def make(uow: af.UnitOfWork) -> af.RowId:
             return uow.create("notes", {"n": 0})
 
@@ -85,7 +76,6 @@ async def _conflicted_keeps_the_gate(tmp_path: Path, events: list[str]) -> None:
                 await db.execute_uow(fn, schema=SCHEMA, **options)
             except af.ConcurrencyConflict:
                 events.append("conflict")
-            events.append(f"done {asyncio.current_task().get_name()}")  # type: ignore[union-attr]
 
         first = asyncio.create_task(run(conflicted, retry=af.NoRetry()), name="1")
         await asyncio.sleep(0)
@@ -95,6 +85,19 @@ async def _conflicted_keeps_the_gate(tmp_path: Path, events: list[str]) -> None:
         # the conflicting task ran before it let the gate go.)
         assert events.index("conflict") < events.index("gate 2")
         assert await _count(db) == 2
+
+    _with_database(tmp_path, check)
+
+
+def _with_database(tmp_path: Path, check: Callable[[af.Database], Awaitable[None]]) -> None:
+    """``check`` run under asyncio on a migrated SQLite database of two connections."""
+
+    async def main() -> None:
+        async with af.connect(f"sqlite:///{tmp_path}/g.db", backend="sqlite", pool_size=2) as db:
+            await db.migrate(SCHEMA)
+            await check(db)
+
+    asyncio.run(main())
 
 
 async def _count(db: af.Database) -> Any:

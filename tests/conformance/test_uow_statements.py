@@ -150,6 +150,19 @@ async def test_no_ops_means_no_query(shop: Env, monkeypatch: pytest.MonkeyPatch)
     assert statements == [] and acquired == 0 and hooked == []
 
 
+def _read_batches(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The statements of each batch the sessions run from now on."""
+    batches: list[list[str]] = []
+    original = Session.execute_batch
+
+    async def spying(self_: Session, queries: Any, stop: Any = None) -> Any:
+        batches.append([q.sql for q in queries])
+        return await original(self_, queries, stop)
+
+    monkeypatch.setattr(Session, "execute_batch", spying)
+    return batches
+
+
 async def test_reads_of_one_retrieve_travel_as_one_statement(
     shop: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,14 +202,7 @@ async def test_reads_of_one_retrieve_travel_as_one_statement(
         return results
 
     alone = await shop.run(one_by_one)
-    batches: list[list[str]] = []
-    original = Session.execute_batch
-
-    async def spying(self_: Session, queries: Any, stop: Any = None) -> Any:
-        batches.append([q.sql for q in queries])
-        return await original(self_, queries, stop)
-
-    monkeypatch.setattr(Session, "execute_batch", spying)
+    batches = _read_batches(monkeypatch)
 
     async def together(uow: af.UnitOfWork) -> list[Any]:
         ops = [read(uow) for read in reads]
@@ -257,14 +263,7 @@ async def test_a_few_bounded_reads_unite_and_more_go_as_a_batch(
         return [(await together([read], uow))[0] for read in more]
 
     alone = await shop.run(one_by_one)
-    batches: list[list[str]] = []
-    original = Session.execute_batch
-
-    async def spying(self_: Session, queries: Any, stop: Any = None) -> Any:
-        batches.append([q.sql for q in queries])
-        return await original(self_, queries, stop)
-
-    monkeypatch.setattr(Session, "execute_batch", spying)
+    batches = _read_batches(monkeypatch)
     assert await shop.run(functools.partial(together, few)) == alone[: len(few)]
     assert await shop.run(functools.partial(together, more)) == alone
     if shop.db._engine.adapter.capabilities.unites_reads:

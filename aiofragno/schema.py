@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,6 +31,7 @@ from typing_extensions import TypeVar
 from .codec import LOGICAL_TYPES, check_value
 from .column_types import ArrayType, EnumType, TypeArg
 from .errors import SchemaError, ValidationError
+from .random_bytes import random_bytes
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")  # (fullmatch: "$" would allow a final "\n")
 RESERVED_COLUMNS = frozenset({"id"})
@@ -90,7 +90,7 @@ def new_external_id() -> str:
     # Built from hex text rather than one 128-bit int: every unit of work
     # makes at least one, and the big-int arithmetic cost a third more.
     ms = (time.time_ns() // 1_000_000).to_bytes(6).hex()
-    noise = os.urandom(10)
+    noise = random_bytes(10)
     r = noise.hex()
     # The version nibble replaces noise[0]'s high one; the variant (0b10) takes
     # the top two bits of noise[2], whose other two stay random: 74 random bits.

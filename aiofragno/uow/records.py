@@ -11,7 +11,6 @@ the same key for it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ from ..migrate import SETTINGS_TABLE
 from ..outbox.tables import OUTBOX_ID, UNIT_KEYS_ID, VERSION_KEY, VERSIONS_ID
 from ..outbox.ticks import tick
 from ..outbox.writer import KEY_INSERT
+from ..random_bytes import random_bytes
 from ..resilience import retry_read
 from ..server_sessions import end_server_session
 from ..sql import Identifier, sql
@@ -39,7 +39,7 @@ END_SESSION_TIMEOUT = 30.0
 
 def new_nonce() -> str:
     """The name of one execute_uow call: 128 random bits as hex."""
-    return os.urandom(16).hex()
+    return random_bytes(16).hex()
 
 
 @dataclass(frozen=True, slots=True)

@@ -236,9 +236,15 @@ class PooledDriver:
     """The :class:`~aiofragno.driver.Driver` of every backend: connections come
     from a :class:`Pool`; transactions are run by the connection itself."""
 
-    def __init__(self, pool: Pool, servers: ServersProbe | None = None) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        servers: ServersProbe | None = None,
+        close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.pool = pool
         self._servers = servers
+        self._close = close
         # (The pool's own methods, not one more call of ours around each.)
         self.take_idle_connection: Callable[[], Connection | None] = pool.take_idle
         self.return_idle_connection: Callable[[Connection], bool] = pool.put_back
@@ -265,6 +271,8 @@ class PooledDriver:
 
     async def destroy(self) -> None:
         await self.pool.close()
+        if self._close is not None:
+            await self._close()
 
     async def servers(self) -> list[HostStatus]:
         return [] if self._servers is None else await self._servers()
@@ -291,6 +299,8 @@ class PooledDialect:
     bound_to_loop: bool = False
     # Asks each server of the URL what it is (PostgreSQL); None: nothing to tell.
     servers: ServersProbe | None = None
+    # Closes what the backend holds besides the pool's connections, after them.
+    close: Callable[[], Awaitable[None]] | None = None
 
     def create_driver(self) -> PooledDriver:
         options = self.options
@@ -305,6 +315,7 @@ class PooledDialect:
                 bound_to_loop=self.bound_to_loop,
             ),
             self.servers,
+            self.close,
         )
 
     def create_query_compiler(self) -> QueryCompiler:

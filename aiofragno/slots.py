@@ -15,8 +15,37 @@ once per timeout, however many waits there were.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from . import runtime
+
+
+class Alarm:
+    """One timer for a queue whose waiters give up at deadlines: it calls
+    ``ring`` at the time it was set for, and again after the delay ``ring``
+    returns (None: not again until :meth:`set`). Set at most once per event
+    loop: an alarm dies with its loop, so in another one (a Database used
+    under a second ``asyncio.run``) it counts as not set."""
+
+    __slots__ = ("_loop", "_ring")
+
+    def __init__(self, ring: Callable[[], float | None]) -> None:
+        self._ring = ring
+        self._loop: object = None  # the event loop it is set in, if any
+
+    def set(self, delay: float) -> None:
+        """Ring in ``delay`` seconds, unless already set in this event loop
+        (for an earlier time: every waiter waits as long, in arrival order)."""
+        loop = runtime.running_loop()
+        if self._loop is not loop:
+            self._loop = loop
+            runtime.call_later(delay, self._go_off)
+
+    def _go_off(self) -> None:
+        self._loop = None
+        delay = self._ring()
+        if delay is not None:
+            self.set(delay)
 
 
 class _Waiter:
@@ -43,10 +72,7 @@ class Slots:
         self._free = size
         self._timeout = timeout
         self._waiters: deque[_Waiter] = deque()
-        # The event loop an alarm is set in, if any. An alarm dies with its
-        # loop, so in another one (a Database used under a second
-        # asyncio.run) it counts as not set.
-        self._alarm_loop: object = None
+        self._alarm = Alarm(self._expire)
 
     @property
     def free(self) -> int:
@@ -68,8 +94,7 @@ class Slots:
             return True
         waiter = _Waiter(runtime.loop_time() + self._timeout)
         self._waiters.append(waiter)
-        if self._alarm_loop is not runtime.running_loop():
-            self._set_alarm(self._timeout)
+        self._alarm.set(self._timeout)
         try:
             await waiter.event.wait()
         except BaseException:
@@ -90,15 +115,10 @@ class Slots:
                 return
         self._free += 1
 
-    def _set_alarm(self, delay: float) -> None:
-        self._alarm_loop = runtime.running_loop()
-        runtime.call_later(delay, self._expire)
-
-    def _expire(self) -> None:
-        """The alarm: wake the waiters whose time is up, and set the alarm
-        for the first of the others. (Waiters leave the front of the queue
+    def _expire(self) -> float | None:
+        """The alarm: wake the waiters whose time is up; the delay to the
+        first of the others' deadlines. (Waiters leave the front of the queue
         without touching the alarm, so it may go off before anyone's time.)"""
-        self._alarm_loop = None
         now = runtime.loop_time()
         waiters = self._waiters
         while waiters and (waiters[0].granted is not None or waiters[0].deadline <= now):
@@ -106,5 +126,4 @@ class Slots:
             if waiter.granted is None:
                 waiter.granted = False
                 waiter.event.set()
-        if waiters:
-            self._set_alarm(waiters[0].deadline - now)
+        return waiters[0].deadline - now if waiters else None

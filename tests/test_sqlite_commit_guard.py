@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from aiofragno.backends.sqlite_connection import CommitGuard
+from aiofragno.backends.sqlite_gate import CommitGuard
 
 
 def _open_transaction() -> sqlite3.Connection:
@@ -38,3 +38,23 @@ def test_an_interrupt_once_commit_started_is_ignored() -> None:
     assert interrupts == []
     assert not raw.in_transaction
     assert raw.execute("SELECT count(*) FROM t").fetchone() == (1,)
+
+
+def test_a_job_interrupted_before_it_started_does_not_start() -> None:
+    """A job's guard (``started=False``): a caller gone while the job waited
+    for the writer interrupts nothing there (the writer runs someone
+    else's statements), and the job does not start."""
+    interrupts: list[int] = []
+    guard = CommitGuard(lambda: interrupts.append(1), started=False)
+    guard.interrupt()
+    assert interrupts == []
+    assert not guard.start()
+
+
+def test_a_finished_transaction_is_interrupted_no_more() -> None:
+    interrupts: list[int] = []
+    guard = CommitGuard(lambda: interrupts.append(1), started=False)
+    assert guard.start()
+    guard.finish()
+    guard.interrupt()  # (late: the writer has gone on to the next job)
+    assert interrupts == []

@@ -8,7 +8,8 @@ import aiosqlite
 
 from ..pool import PooledDialect
 from ..url import DatabaseURL, Options
-from .sqlite_connection import Call, SqliteConnection, WriteGate, database_path, pooled_dialect
+from .sqlite_connection import Call, SqliteConnection, database_path, pooled_dialect
+from .sqlite_gate import WriteGate
 
 T = TypeVar("T")
 

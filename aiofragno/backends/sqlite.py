@@ -9,32 +9,27 @@ interrupted (``sqlite3.Connection.interrupt``); the next call queues behind it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import queue
 import sqlite3
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ..pool import PooledDialect
-from ..runtime import asyncio_loop
 from ..url import DatabaseURL, Options
-from .sqlite_connection import Call, SqliteConnection, WriteGate, database_path, pooled_dialect
+from .sqlite_connection import Call, SqliteConnection, database_path, pooled_dialect
+from .sqlite_gate import WriteGate
+from .thread_reply import Reply
 
 T = TypeVar("T")
-Wake = Callable[[Callable[[], object]], object]
-
-
-Outcome = tuple[bool, Any]  # (True, the call's value) or (False, what it raised)
 
 
 class _Worker:
     """One thread running submitted calls one after another."""
 
     def __init__(self) -> None:
-        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="aiofragno-sqlite", daemon=True)
         self._thread.start()
 
@@ -43,69 +38,29 @@ class _Worker:
             call()
 
     async def run(self, func: Callable[[], T], settled: Callable[[T], object] | None = None) -> T:
-        """``func()`` on the thread, its value or what it raised here. The
-        thread wakes the event loop when done: under asyncio by settling a
-        future of the loop (a third less CPU per call than an
-        ``anyio.Event``, and each statement batch is one such call), under
-        trio by setting an event through the run's token. ``settled`` is
-        called with the value there, before the caller is woken (also if
-        it was cancelled meanwhile)."""
-        loop = asyncio_loop()
-        if loop is not None:
-            future: asyncio.Future[Outcome] = loop.create_future()
-            self._submit(func, loop.call_soon_threadsafe, partial(_settle, future, settled))
-            ok, value = await future
-        else:
-            import trio
+        """``func()`` on the thread, its value or what it raised here; the
+        thread wakes the event loop straight when done (:class:`Reply`).
+        ``settled``: see :class:`Reply`."""
+        reply: Reply[T] = Reply(settled)
+        self._calls.put(partial(_answer, func, reply))
+        return await reply.wait()
 
-            done = trio.Event()
-            outcome: list[Outcome] = []
-
-            def settle(result: Outcome) -> None:
-                _tell(settled, result)
-                outcome.append(result)
-                done.set()
-
-            self._submit(func, trio.lowlevel.current_trio_token().run_sync_soon, settle)
-            await done.wait()
-            ok, value = outcome[0]
-        if not ok:
-            raise value
-        result: T = value
-        return result
-
-    def _submit(
-        self, func: Callable[[], Any], wake: Wake, settle: Callable[[Outcome], object]
-    ) -> None:
-        """Queue ``func``; once it ran, ``wake`` calls ``settle`` with its outcome."""
-
-        def call() -> None:
-            try:
-                outcome: Outcome = (True, func())
-            except BaseException as exc:  # handed to the awaiting task
-                outcome = (False, exc)
-            # RuntimeError: the event loop is gone, so nobody is waiting any more.
-            with contextlib.suppress(RuntimeError):
-                wake(partial(settle, outcome))
-
-        self._calls.put(call)
+    def post(self, func: Callable[[], object]) -> None:
+        """``func()`` on the thread, after the calls queued before it, with
+        nobody waiting for it (it must not raise)."""
+        self._calls.put(func)
 
     def stop(self) -> None:
         self._calls.put(None)
 
 
-def _settle(
-    future: asyncio.Future[Outcome], settled: Callable[[Any], object] | None, outcome: Outcome
-) -> None:
-    _tell(settled, outcome)
-    if not future.done():  # (else the awaiting task was cancelled)
-        future.set_result(outcome)
-
-
-def _tell(settled: Callable[[Any], object] | None, outcome: Outcome) -> None:
-    ok, value = outcome
-    if ok and settled is not None:
-        settled(value)
+def _answer(func: Callable[[], T], reply: Reply[T]) -> None:
+    try:
+        value = func()
+    except BaseException as exc:  # handed to the awaiting task
+        reply.send(False, exc)
+    else:
+        reply.send(True, value)
 
 
 class ThreadSqliteConnection(SqliteConnection):
@@ -119,6 +74,11 @@ class ThreadSqliteConnection(SqliteConnection):
     async def _call_settled(self, call: Call[T], settled: Callable[[T], object]) -> T:
         return await self._worker.run(partial(call, self._raw), settled)
 
+    def post(self, run: Call[object]) -> None:
+        """``run(sqlite3 connection)`` on the connection's thread, with nobody
+        waiting for it (it must not raise)."""
+        self._worker.post(partial(run, self._raw))
+
     def _interrupt(self) -> None:
         self._raw.interrupt()
 
@@ -127,6 +87,22 @@ class ThreadSqliteConnection(SqliteConnection):
             await self._worker.run(self._raw.close)
         finally:
             self._worker.stop()
+
+
+class _Writer:
+    """A connection as the write gate's writer (:mod:`.sqlite_gate`)."""
+
+    def __init__(self, connection: ThreadSqliteConnection) -> None:
+        self._connection = connection
+
+    def post(self, run: Callable[[sqlite3.Connection], object]) -> None:
+        self._connection.post(run)
+
+    def interrupt(self) -> None:
+        self._connection._interrupt()
+
+    async def close(self) -> None:
+        await self._connection.close()
 
 
 def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
@@ -147,4 +123,4 @@ def create_dialect(url: DatabaseURL, options: Options) -> PooledDialect:
             raise
         return ThreadSqliteConnection(raw, gate, worker)
 
-    return pooled_dialect(url, options, connect)
+    return pooled_dialect(url, options, connect, _Writer)

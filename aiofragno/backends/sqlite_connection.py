@@ -15,7 +15,6 @@ writer.
 from __future__ import annotations
 
 import sqlite3
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
@@ -40,14 +39,13 @@ from ..errors import (
     DataError,
     ErrorTable,
     IntegrityError,
-    LockTimeout,
     ProgrammingError,
     ValidationError,
 )
 from ..pool import PooledDialect
-from ..slots import Slots
 from ..url import DatabaseURL, Options
 from .sqlite_functions import add_functions
+from .sqlite_gate import CommitGuard, WriteGate, Writer
 
 ERRORS = ErrorTable(
     codes=sqlite.CODES,
@@ -78,20 +76,35 @@ def pool_size(url: DatabaseURL, options: Options) -> int:
     return 1 if url.is_memory else options.pool_size
 
 
+C = TypeVar("C", bound="SqliteConnection")
+
+
 def pooled_dialect(
     url: DatabaseURL,
     options: Options,
-    open_connection: Callable[[WriteGate], Awaitable[SqliteConnection]],
+    open_connection: Callable[[WriteGate], Awaitable[C]],
+    writer: Callable[[C], Writer] | None = None,
 ) -> PooledDialect:
     """The Dialect of either SQLite backend: ``open_connection(gate)`` opens
     one of its connections to ``url``, queueing its writers on ``gate`` (one
-    per Database); here it gets its settings."""
+    per Database); here it gets its settings. ``writer``: the gate's writer
+    made of one more such connection (:mod:`.sqlite_gate`), where the
+    backend has one; a ``:memory:`` database has none (another connection
+    would be another database)."""
     gate = WriteGate(options.busy_timeout)
 
-    async def connect() -> SqliteConnection:
+    async def connect() -> C:
         connection = await open_connection(gate)
         await connection.configure(url, options)
         return connection
+
+    if writer is not None and not url.is_memory:
+        make_writer = writer
+
+        async def open_writer() -> Writer:
+            return make_writer(await connect())
+
+        gate.use_writer(open_writer)
 
     return PooledDialect(
         name="sqlite",
@@ -103,28 +116,8 @@ def pooled_dialect(
         pool_size=pool_size(url, options),
         # ":memory:" lives as long as its one connection: never recycle it.
         recycle=not url.is_memory,
+        close=gate.close,
     )
-
-
-class WriteGate:
-    """Admits one writing transaction at a time, first come first served.
-    Waiting here counts against ``busy_timeout`` like waiting for another
-    process's lock does, so a writer gives up after about that long in all."""
-
-    def __init__(self, timeout: float) -> None:
-        self._slot = Slots(1, timeout)
-        self._timeout = timeout
-
-    async def acquire(self) -> None:
-        if not await self._slot.acquire():
-            raise LockTimeout(
-                f"waited busy_timeout={self._timeout}s for this process's other writers; "
-                "shorten write transactions or raise busy_timeout",
-                sqlstate="55P03",
-            )
-
-    def release(self) -> None:
-        self._slot.release()
 
 
 # Statements that run beside a writer without its gate, and those that insert.
@@ -222,7 +215,12 @@ class SqliteConnection(ABC):
     async def execute_batch(
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
     ) -> list[QueryResult]:
-        call = partial(run_batch, queries=queries, stop=stop, begin=self._begin.take())
+        if self._begin.pending is not None:  # a transaction's first statements
+            begin = await self._take_begin()
+            return await self._interruptible(
+                partial(run_batch, queries=queries, stop=stop, begin=begin)
+            )
+        call = partial(run_batch, queries=queries, stop=stop)
         if self._holds_gate or _batch_reads_only(queries):
             return await self._interruptible(call)
         await self._gate.acquire()
@@ -235,12 +233,12 @@ class SqliteConnection(ABC):
         """A cursor stepped ``batch_size`` rows per thread hop. A statement
         that writes (``INSERT .. RETURNING``) holds the write gate until the
         stream is closed: SQLite holds its write lock as long."""
+        begin = await self._take_begin()
         gated = not self._holds_gate and not _reads_only(query.sql)
         if gated:
             await self._gate.acquire()
         try:
-            call = partial(_open_cursor, query=query, begin=self._begin.take())
-            cursor = await self._interruptible(call)
+            cursor = await self._interruptible(partial(_open_cursor, query=query, begin=begin))
         except BaseException:
             if gated:
                 self._gate.release()
@@ -249,9 +247,17 @@ class SqliteConnection(ABC):
 
     async def begin(self, isolation: IsolationLevel | None) -> None:
         # SQLite transactions are serializable, which satisfies every level.
-        await self._gate.acquire()
-        self._holds_gate = True
+        # The gate is taken with the first statement, or by the job the
+        # whole transaction goes as (commit_batch).
         self._begin.defer("BEGIN IMMEDIATE")
+
+    async def _take_begin(self) -> str | None:
+        """The deferred BEGIN, to send with this call's statements (the
+        write gate taken first), or None."""
+        if self._begin.pending is not None and not self._holds_gate:
+            await self._gate.acquire()
+            self._holds_gate = True
+        return self._begin.take()
 
     async def commit(self) -> None:
         if not self._begin.drop():  # (else nothing ran: nothing to commit)
@@ -261,11 +267,21 @@ class SqliteConnection(ABC):
     async def commit_batch(
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
     ) -> list[QueryResult]:
-        """One hop for the statements, ``stop``'s checks and COMMIT. A
-        cancelled caller interrupts the statements, never a COMMIT that has
-        started (its outcome is then the database's)."""
+        """One hop for the statements, ``stop``'s checks and COMMIT. A whole
+        transaction (nothing sent since BEGIN) goes to the gate's writer as
+        a job, where the gate has one. A cancelled caller interrupts the
+        statements, never a COMMIT that has started (its outcome is then the
+        database's)."""
+        begin = self._begin.pending
+        if begin is not None and not self._holds_gate:
+            guard = CommitGuard(self._gate.interrupt_writer, started=False)
+            job = partial(run_batch, queries=queries, stop=stop, begin=begin, commit=guard)
+            results = await self._gate.run_alone(job, guard)
+            self._begin.take()  # (sent, on the writer; or with the statements below)
+            if results is not None:
+                return results  # (nothing is open here)
+            self._holds_gate = True  # (no writer: the gate is this connection's)
         guard = CommitGuard(self._interrupt)
-        begin = self._begin.take()
         call = partial(run_batch, queries=queries, stop=stop, begin=begin, commit=guard)
 
         def settled(results: list[QueryResult]) -> None:
@@ -388,33 +404,6 @@ def _fetchmany(cursor: sqlite3.Cursor, size: int, _raw: sqlite3.Connection) -> l
 
 def _close_cursor(cursor: sqlite3.Cursor, _raw: sqlite3.Connection) -> None:
     cursor.close()
-
-
-class CommitGuard:
-    """Lets a cancelled caller interrupt a batch up to its COMMIT, and not
-    once COMMIT has started: an interrupted COMMIT could leave the caller
-    unsure whether it applied while the transaction is in fact gone."""
-
-    def __init__(self, interrupt: Callable[[], None]) -> None:
-        self._lock = threading.Lock()
-        self._interrupt = interrupt
-        self._state = "running"  # -> "interrupted" | "committing"
-
-    def interrupt(self) -> None:
-        """From the caller's side: stop the batch unless COMMIT has started."""
-        with self._lock:
-            if self._state == "running":
-                self._state = "interrupted"
-                self._interrupt()
-
-    def commit(self, raw: sqlite3.Connection) -> None:
-        """From sqlite3's thread: COMMIT, unless the caller has gone."""
-        with self._lock:
-            if self._state == "interrupted":
-                # (sqlite3's interrupt is lost when no statement was running.)
-                raise sqlite3.OperationalError("interrupted before COMMIT")
-            self._state = "committing"
-        _run_sql(raw, "COMMIT")
 
 
 def run_batch(

@@ -37,6 +37,7 @@ from .. import runtime
 from ..driver import QueryResult
 from ..errors import LockTimeout
 from ..slots import Alarm
+from .sqlite_lock_sharing import LockSharing
 from .thread_reply import Reply
 
 # A job's transaction, run on the writer's connection in its thread: BEGIN,
@@ -174,6 +175,11 @@ class WriteGate:
         self._open_writer: Callable[[], Awaitable[Writer]] | None = None
         self._writer: Writer | None = None
         self._closed = False
+        # Turns granted (this Database's connections' own writes), and as
+        # many as the writer had seen at its last run (its thread's alone).
+        self._turns = 0
+        self._turns_seen = 0
+        self._sharing = LockSharing()  # (the writer's thread's alone)
 
     def use_writer(self, open_writer: Callable[[], Awaitable[Writer]]) -> None:
         """Run jobs on a writer that ``open_writer`` opens, on the first job."""
@@ -185,6 +191,7 @@ class WriteGate:
         with self._lock:
             if not self._held:
                 self._held = True
+                self._turns += 1
                 return
             turn = _Turn(self._deadline())
             self._queue.append(turn)
@@ -288,18 +295,31 @@ class WriteGate:
         if self._open_writer is None or self._closed:
             return None
         try:
-            self._writer = await self._open_writer()
+            writer = await self._open_writer()
         except Exception:
             return None  # (the connections' own errors show on their own)
-        return self._writer
+        if self._closed:  # (while it opened)
+            with runtime.shielded(runtime.CLEANUP_TIMEOUT):
+                await writer.close()
+            return None
+        self._writer = writer
+        return writer
 
     def _run_jobs(self, job: _Job, raw: sqlite3.Connection) -> None:
         """On the writer's thread: ``job``, then each job the gate passes on
-        to, until it goes to a turn or nobody waits."""
-        next_job: _Job | None = job
-        while next_job is not None:
-            next_job.run(raw)
+        to, until it goes to a turn or nobody waits; letting SQLite's lock
+        go now and then for other processes (:mod:`.sqlite_lock_sharing`)."""
+        turns = self._turns
+        self._sharing.run_starts(raw, others_wrote=turns != self._turns_seen)
+        self._turns_seen = turns
+        while True:
+            job.run(raw)
             next_job = self._pass_on()
+            if next_job is None:
+                self._sharing.run_ends()
+                return
+            self._sharing.between_jobs(raw)  # (the gate held: for other processes)
+            job = next_job
 
     def _pass_on(self) -> _Job | None:
         """The gate to the next in line (from any thread): a turn is woken,
@@ -313,6 +333,7 @@ class WriteGate:
                 entry.state = "posted"
                 return entry
             entry.state = "granted"
+            self._turns += 1
         entry.reply.send(True, None)
         return None
 

@@ -35,8 +35,10 @@ def random_bytes(count: int) -> bytes:
 
 
 def _forget() -> None:
-    global _buffer, _offset
-    _buffer, _offset = b"", 0
+    # The child starts afresh: no bytes the parent hands out too, and a lock
+    # that no thread of the parent's may have held as it forked.
+    global _buffer, _offset, _lock
+    _buffer, _offset, _lock = b"", 0, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget)

@@ -9,6 +9,7 @@ the Database ends the writer's thread."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import sys
 import threading
@@ -244,13 +245,10 @@ async def test_failed_and_conflicted_units_leave_the_writer_ready(tmp_path: Path
 
 
 async def test_closing_the_database_ends_the_writers_thread(tmp_path: Path) -> None:
-    def threads() -> set[threading.Thread]:
-        return {t for t in threading.enumerate() if t.name == "aiofragno-sqlite"}
-
-    before = threads()
+    before = sqlite_threads()
     async with database(tmp_path) as db:
         await write(db, 1)
-        ours = threads() - before
+        ours = sqlite_threads() - before
         assert len(ours) == POOL + 1  # (the pool's connections and the writer)
     for thread in ours:
         await anyio.to_thread.run_sync(thread.join, 5)
@@ -373,3 +371,44 @@ async def test_another_process_writes_while_units_run_back_to_back(tmp_path: Pat
             stop.set()
         assert int(locked) == 0 and int(ok) > 30, (ok, locked, first, worst)
         assert float(worst) < 1.0, (ok, locked, first, worst)
+
+
+async def test_a_writer_opened_as_the_database_closes_is_closed_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first unit opens the writer; the Database is closed while that
+    connection is being set up. The writer must not outlive the close."""
+    opening, go_on = anyio.Event(), anyio.Event()
+    use_writer = WriteGate.use_writer
+
+    def slow_writer(gate: WriteGate, open_writer: Callable[[], Awaitable[Writer]]) -> None:
+        async def opened_slowly() -> Writer:
+            writer = await open_writer()
+            opening.set()
+            await go_on.wait()
+            return writer
+
+        use_writer(gate, opened_slowly)
+
+    monkeypatch.setattr(WriteGate, "use_writer", slow_writer)
+    before = sqlite_threads()
+    db = await af.connect(f"sqlite:///{tmp_path}/g.db", backend="sqlite", pool_size=1)
+    await db.migrate(SCHEMA)  # (transactions: the writer is not opened yet)
+
+    async def unit_as_it_closes() -> None:
+        with contextlib.suppress(af.Error):
+            await write(db, 1)
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(unit_as_it_closes)
+            await opening.wait()
+            await db.close()
+            go_on.set()
+    for thread in sqlite_threads() - before:
+        await anyio.to_thread.run_sync(thread.join, 5)
+        assert not thread.is_alive()
+
+
+def sqlite_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "aiofragno-sqlite"}

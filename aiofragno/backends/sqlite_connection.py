@@ -215,12 +215,9 @@ class SqliteConnection(ABC):
     async def execute_batch(
         self, queries: Sequence[CompiledQuery], stop: StopWhen | None = None
     ) -> list[QueryResult]:
-        if self._begin.pending is not None:  # a transaction's first statements
-            begin = await self._take_begin()
-            return await self._interruptible(
-                partial(run_batch, queries=queries, stop=stop, begin=begin)
-            )
-        call = partial(run_batch, queries=queries, stop=stop)
+        # A transaction's first statements take the gate, and send its BEGIN.
+        begin = None if self._begin.pending is None else await self._take_begin()
+        call = partial(run_batch, queries=queries, stop=stop, begin=begin)
         if self._holds_gate or _batch_reads_only(queries):
             return await self._interruptible(call)
         await self._gate.acquire()

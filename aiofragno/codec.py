@@ -14,7 +14,6 @@ enum values outside the declared set, times with a time zone.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from collections.abc import Callable
@@ -492,11 +491,21 @@ def as_queued(value: Any) -> Any:
     """``value`` as it is now: a copy of a dict, list or bytearray (bytes
     for the bytes-like), which the caller can change after queueing the
     write that stored it. The outbox entry, written at commit, must
-    describe what the write stored, not what the value has become."""
+    describe what the write stored, not what the value has become.
+
+    Only the containers are copied: what they hold passed the codec, so it
+    is a value that cannot change (a str, a number, a datetime, ...), and
+    is shared as it is — ``copy.deepcopy`` would rebuild it, which fails for
+    a valid value of a class it cannot remake (a datetime whose tzinfo's
+    constructor takes arguments)."""
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
-    if isinstance(value, dict | list):
-        return copy.deepcopy(value)
+    if isinstance(value, dict):
+        return {key: as_queued(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [as_queued(item) for item in value]
+    if type(value) is tuple:  # (which may hold a list)
+        return tuple(as_queued(item) for item in value)
     return value
 
 

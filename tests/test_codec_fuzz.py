@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import aiofragno as af
 from aiofragno import tagged_json
-from aiofragno.codec import ValueCodec
+from aiofragno.codec import ValueCodec, as_queued
 from aiofragno.dialects import mysql, postgresql, sqlite
 from aiofragno.driver import DialectAdapter, QueryCompiler
 from aiofragno.naming import Layout, SchemaNaming, SuffixNaming
@@ -124,6 +124,22 @@ class WrongOffset(dt.tzinfo):
 
     def dst(self, when: dt.datetime | None) -> None:
         return None
+
+
+def test_a_queued_value_copies_its_containers_and_shares_what_they_hold() -> None:
+    """The outbox entry describes a json or array value as it was queued:
+    its lists and dicts are copied, what they hold (validated, unchanging)
+    is not rebuilt — a datetime whose tzinfo takes constructor arguments
+    made ``copy.deepcopy`` fail with a TypeError, for a valid value (found
+    by the array fuzz below on PostgreSQL)."""
+    stamp = dt.datetime(2026, 1, 1, tzinfo=WrongOffset(dt.timedelta(days=-1, seconds=60)))
+    value = {"a": [stamp, [1, 2]], "b": (3, [4])}
+    queued = as_queued(value)
+    assert queued == value and queued["a"][0] is stamp
+    value["a"][1].append(9)
+    value["b"][1].append(9)
+    assert queued == {"a": [stamp, [1, 2]], "b": (3, [4])}
+    assert as_queued(bytearray(b"x")) == b"x"
 
 
 class Deep(list[Any]):
